@@ -1,0 +1,69 @@
+"""The drafter interface: every family proposes a ``DraftTree`` and hears back what was committed."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+
+import torch
+
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.tree import DraftTree
+from specviz.errors import SpecvizError
+
+LIMITS = {"k": (1, 32), "width": (1, 16), "depth": (1, 32), "max_nodes": (1, 256)}
+
+
+@dataclass(frozen=True)
+class DraftBudget:
+    """How much to draft per round: a chain of ``k`` tokens, or a tree of ``width`` x ``depth`` under ``max_nodes``."""
+
+    tree: bool = False
+    k: int = 4
+    width: int = 4
+    depth: int = 5
+    max_nodes: int = 32
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in LIMITS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or not low <= value <= high:
+                raise SpecvizError(f"{name.replace('_', '-')} must be an integer in [{low}, {high}], got {value!r}")
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth if self.tree else self.k
+
+    def capped(self, remaining: int) -> DraftBudget:
+        """Never draft deeper than the tokens still to generate."""
+        remaining = max(1, remaining)
+        return replace(self, k=min(self.k, remaining), depth=min(self.depth, remaining))
+
+    def describe(self) -> str:
+        return f"tree w={self.width} d={self.depth} n<={self.max_nodes}" if self.tree else f"chain k={self.k}"
+
+    def to_dict(self) -> dict:
+        return {"tree": self.tree, "k": self.k, "width": self.width, "depth": self.depth, "max_nodes": self.max_nodes}
+
+
+class Drafter(ABC):
+    """Proposes drafts. One instance serves one generation at a time (it may keep a cache between rounds)."""
+
+    name: str = "drafter"
+    #: False when the drafter has no probabilities (its proposals are point masses).
+    has_distribution: bool = True
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Called once before the first round with the prompt's token ids."""
+
+    @abstractmethod
+    def propose(
+        self, context: list[int], budget: DraftBudget, sampling: SamplingConfig, generator: torch.Generator
+    ) -> DraftTree:
+        """Draft continuations of ``context`` (every committed token so far)."""
+
+    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        """Called after each round with the new context and the accepted node indices (to update caches)."""
+
+    def describe(self) -> dict:
+        return {"name": self.name}

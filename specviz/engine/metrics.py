@@ -1,0 +1,92 @@
+"""Metrics, defined once. Each has its formula beside it; the UI shows the same text.
+
+A *round* is one target verify forward. Counting the bonus/correction token, plain decoding has tau = 1.00.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from specviz.engine.round import Round
+
+FORMULAS = {
+    "tau": "τ = tokens committed ÷ target forwards (rounds); bonus/correction included, so plain decoding = 1.00",
+    "acceptance_rate": "acceptance rate = accepted draft tokens ÷ drafted tokens (all tree nodes count as drafted)",
+    "per_position": "conditional[d] = P(depth-d draft accepted | depth d-1 accepted and a depth-d node was drafted); "
+    "cumulative[d] = P(accepted length ≥ d)",
+    "histogram": "histogram[a] = rounds whose accepted draft length is a (0 = every draft token rejected)",
+    "tokens_per_s": "tokens/s = new tokens ÷ generation wall time (prefill + every round; excludes the caller's time)",
+    "speedup": "speedup = speculative tokens/s ÷ plain-decoding tokens/s of the same target, measured on this machine",
+    "verified_per_round": "verified per round = target tokens processed per verify forward (tree nodes + 1)",
+    "wasted": "wasted verification = verified tokens that were not committed ÷ verified tokens",
+    "overhead_ms": "engine overhead per round = round wall time − draft time − verify forward time",
+}
+
+
+@dataclass
+class Metrics:
+    rounds: int
+    new_tokens: int
+    drafted: int
+    accepted: int
+    tau: float
+    acceptance_rate: float
+    conditional: list[float]  # index d-1 for depth d
+    cumulative: list[float]
+    histogram: list[int]
+    verified_per_round: float
+    wasted: float
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float  # per round, mean
+    tokens_per_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compute(rounds: Sequence[Round], elapsed_s: float | None = None) -> Metrics:
+    """Aggregate rounds; ``elapsed_s`` (total generation wall time) gives tokens/s."""
+    count = len(rounds)
+    new_tokens = sum(len(r.committed) for r in rounds)
+    drafted = sum(len(r.tokens) for r in rounds)
+    accepted = sum(len(r.accepted) for r in rounds)
+    max_depth = max((max(r.depth, default=0) for r in rounds), default=0)
+    reached = [0] * (max_depth + 1)  # rounds whose accepted length >= d
+    offered = [0] * (max_depth + 1)  # rounds that drafted depth d with depth d-1 accepted
+    histogram = [0] * (max_depth + 1)
+    for r in rounds:
+        length = len(r.accepted)
+        histogram[length] += 1
+        has_children = set(r.parents)
+        for d in range(1, length + 1):
+            reached[d] += 1
+        for d in range(1, min(length + 1, max_depth) + 1):
+            node = -1 if d == 1 else r.accepted[d - 2]
+            if node in has_children:
+                offered[d] += 1
+    conditional = [reached[d] / offered[d] if offered[d] else 0.0 for d in range(1, max_depth + 1)]
+    cumulative = [reached[d] / count if count else 0.0 for d in range(1, max_depth + 1)]
+    verified = sum(r.verified for r in rounds)
+    return Metrics(
+        rounds=count,
+        new_tokens=new_tokens,
+        drafted=drafted,
+        accepted=accepted,
+        tau=new_tokens / count if count else 0.0,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        conditional=conditional,
+        cumulative=cumulative,
+        histogram=histogram,
+        verified_per_round=verified / count if count else 0.0,
+        wasted=(verified - new_tokens) / verified if verified else 0.0,
+        draft_ms=sum(r.draft_ms for r in rounds) / count if count else 0.0,
+        verify_ms=sum(r.verify_ms for r in rounds) / count if count else 0.0,
+        overhead_ms=sum(r.other_ms for r in rounds) / count if count else 0.0,
+        tokens_per_s=new_tokens / elapsed_s if elapsed_s else None,
+    )
+
+
+def speedup(speculative_tokens_per_s: float, plain_tokens_per_s: float) -> float:
+    return speculative_tokens_per_s / plain_tokens_per_s if plain_tokens_per_s > 0 else 0.0

@@ -1,0 +1,91 @@
+"""The one sampler: temperature, top-k and top-p turn logits into probabilities.
+
+Drafter, target and the plain-decoding baseline all call these functions, so the distributions compared during
+verification are processed identically (a requirement for lossless rejection sampling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specviz.errors import SpecvizError
+
+GREEDY_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a distribution. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 10.0:
+            raise SpecvizError(f"temperature must be in [0, 10], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpecvizError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise SpecvizError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    def to_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
+def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Processed distribution over the vocabulary (last dim), in float32.
+
+    Greedy returns a one-hot at the argmax, so rejection-sampling code can treat greedy as a special case.
+    """
+    logits = logits.float()
+    if config.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / config.temperature
+    if config.top_k and config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if config.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass strictly before it already reaches top_p (always keeps the first token).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= config.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a 1-D distribution."""
+    return int(torch.multinomial(probs.float().cpu(), 1, generator=generator).item())
+
+
+def uniform(generator: torch.Generator | None) -> float:
+    """One U(0, 1) draw from the run's generator (acceptance coins)."""
+    return float(torch.rand((), generator=generator).item())
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalise(max(0, p - q)): what to sample from after a draft token is rejected.
+
+    When the residual has no mass (p == q up to rounding) rejection cannot have happened in exact arithmetic;
+    fall back to p so the result stays a distribution.
+    """
+    diff = (p - q).clamp_min(0.0)
+    total = diff.sum()
+    if float(total) <= 1e-12:
+        return p
+    return diff / total
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A private CPU generator so runs are reproducible and concurrent runs do not share state."""
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(0 if seed is None else int(seed))
+    return generator

@@ -1,0 +1,162 @@
+"""The trace: JSON Lines, a header, one object per round, a summary. Views, replay and the benchmark read only this.
+
+Schema ``specviz.trace`` version 1 is documented in docs/trace-schema.md; ``validate`` enforces it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from specviz.engine.round import Round
+from specviz.errors import SpecvizError
+
+SCHEMA = "specviz.trace"
+VERSION = 1
+MAX_TRACE_BYTES = 64 * 1024 * 1024
+EXTRA_KINDS = {"correction", "bonus"}
+ROUND_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "index": int, "start": int, "tokens": list, "parents": list, "text": list, "p_target": list, "accepted": list,
+    "extra_token": int, "extra_kind": str, "committed": list, "rule": str, "lossless": bool,
+    "draft_ms": (int, float), "verify_ms": (int, float), "other_ms": (int, float),
+}
+
+
+class TraceError(SpecvizError):
+    """A trace that does not follow the schema."""
+
+
+@dataclass
+class Trace:
+    header: dict
+    rounds: list[Round]
+    summary: dict | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for r in self.rounds for t in r.committed]
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    from specviz import __version__
+
+    return {"specviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def make_header(*, target: dict, drafter: dict | None, config: dict, budget: dict | None, prompt: dict) -> dict:
+    return {
+        "type": "header", "schema": SCHEMA, "version": VERSION,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "target": target, "drafter": drafter, "config": config, "budget": budget, "prompt": prompt,
+        "versions": versions(),
+    }
+
+
+def dumps(header: dict, rounds: list[Round], summary: dict | None = None) -> str:
+    lines = [json.dumps(header, ensure_ascii=False)]
+    lines += [json.dumps(r.to_dict(), ensure_ascii=False) for r in rounds]
+    if summary is not None:
+        lines.append(json.dumps({"type": "summary", **summary}, ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
+def write(path: str | Path, header: dict, rounds: list[Round], summary: dict | None = None) -> Path:
+    path = Path(path)
+    try:
+        path.write_text(dumps(header, rounds, summary), encoding="utf-8")
+    except OSError as error:
+        raise SpecvizError(f"cannot write the trace to {path}: {error.strerror}") from None
+    return path
+
+
+def read(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_TRACE_BYTES:
+            raise TraceError(f"{path.name} is larger than {MAX_TRACE_BYTES >> 20} MiB; not a specviz trace")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TraceError(f"cannot read trace {path.name}: {getattr(error, 'strerror', None) or error}") from None
+    return loads(text)
+
+
+def loads(text: str) -> Trace:
+    objects = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise TraceError(f"trace line {number} is not JSON ({error.msg})") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"trace line {number} is not a JSON object")
+        objects.append(obj)
+    validate(objects)
+    rounds = [Round.from_dict(o) for o in objects if o.get("type") == "round"]
+    summary = objects[-1] if objects[-1].get("type") == "summary" else None
+    return Trace(header=objects[0], rounds=rounds, summary=summary)
+
+
+def validate(objects: list[dict]) -> None:
+    """Raise ``TraceError`` naming the first line that breaks the schema."""
+    if not objects:
+        raise TraceError("the trace is empty")
+    header = objects[0]
+    if header.get("type") != "header" or header.get("schema") != SCHEMA:
+        raise TraceError("trace line 1 is not a specviz trace header")
+    if header.get("version") != VERSION:
+        raise TraceError(f"trace version {header.get('version')!r} is not supported (this specviz reads {VERSION})")
+    produced = 0
+    committed_all: list[int] = []
+    for number, obj in enumerate(objects[1:], start=2):
+        kind = obj.get("type")
+        if kind == "summary":
+            if number != len(objects):
+                raise TraceError(f"trace line {number}: the summary must be the last line")
+            if "token_ids" in obj and obj["token_ids"] != committed_all:
+                raise TraceError(f"trace line {number}: summary token_ids differ from the rounds' committed tokens")
+            continue
+        if kind != "round":
+            raise TraceError(f"trace line {number}: unknown record type {kind!r}")
+        _validate_round(obj, number, expected_index=number - 2, expected_start=produced)
+        produced += len(obj["committed"])
+        committed_all.extend(obj["committed"])
+
+
+def _validate_round(obj: dict, number: int, expected_index: int, expected_start: int) -> None:
+    def fail(message: str):
+        raise TraceError(f"trace line {number} (round {obj.get('index')}): {message}")
+
+    for name, kind in ROUND_FIELDS.items():
+        if name not in obj:
+            fail(f"missing field {name!r}")
+        if not isinstance(obj[name], kind) or (kind is int and isinstance(obj[name], bool)):
+            fail(f"field {name!r} has the wrong type")
+    if obj["index"] != expected_index or obj["start"] != expected_start:
+        fail("rounds are out of order or a round is missing")
+    tokens, parents, accepted = obj["tokens"], obj["parents"], obj["accepted"]
+    if not all(isinstance(t, int) for t in tokens + parents + accepted + obj["committed"]):
+        fail("token ids, parents, accepted and committed must be integers")
+    if len(parents) != len(tokens) or len(obj["p_target"]) != len(tokens):
+        fail("tokens, parents and p_target must have one entry per node")
+    if any(not -1 <= p < i for i, p in enumerate(parents)):
+        fail("parents must satisfy -1 <= parent < node index (topological order)")
+    previous = -1
+    for node in accepted:
+        if not 0 <= node < len(tokens) or parents[node] != previous:
+            fail("the accepted path does not follow parent links from the root")
+        previous = node
+    if obj["extra_kind"] not in EXTRA_KINDS:
+        fail(f"extra_kind must be one of {sorted(EXTRA_KINDS)}")
+    full = [tokens[i] for i in accepted] + [obj["extra_token"]]
+    committed = obj["committed"]
+    if not committed or committed != full[: len(committed)]:
+        fail("committed tokens are not the accepted path followed by the extra token")

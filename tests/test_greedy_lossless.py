@@ -1,0 +1,80 @@
+"""Greedy speculative decoding must be token-identical to plain greedy decoding, for every drafter and shape."""
+
+import pytest
+import tiny
+import torch
+from transformers import DynamicCache
+
+from specviz.drafters.base import DraftBudget
+from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.drafters.ngram import NgramDrafter
+from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.verify import prefill
+
+VOCAB = 64
+NEW_TOKENS = 120
+PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
+SHAPES = [
+    DraftBudget(k=1),
+    DraftBudget(k=4),
+    DraftBudget(k=8),
+    DraftBudget(tree=True, width=2, depth=3, max_nodes=6),
+    DraftBudget(tree=True, width=4, depth=5, max_nodes=24),
+    DraftBudget(tree=True, width=3, depth=8, max_nodes=40),
+]
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def setup(request):
+    arch = request.param
+    target = tiny.target(arch, VOCAB, layers=3, scale=25)
+    other = tiny.truncated(target.model, 1)  # a shallower draft that agrees only sometimes
+    baseline = plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS))
+    assert len(baseline.token_ids) == NEW_TOKENS
+    return target, other, baseline
+
+DRAFTERS = {
+    "other-model": lambda target, other: DraftModelDrafter(other, VOCAB),
+    "self-model": lambda target, other: DraftModelDrafter(target.model, VOCAB),  # everything accepted
+    "ngram": lambda target, other: NgramDrafter(max_ngram=3),
+}
+
+@pytest.mark.parametrize("budget", SHAPES, ids=lambda b: b.describe().replace(" ", "_"))
+@pytest.mark.parametrize("drafter_name", list(DRAFTERS))
+def test_greedy_matches_plain(setup, drafter_name, budget):
+    target, other, baseline = setup
+    drafter = DRAFTERS[drafter_name](target, other)
+    run = generate(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS), drafter, budget)
+    assert run.token_ids == baseline.token_ids
+    assert all(r.rule == "greedy" and r.lossless for r in run.rounds)
+    if drafter_name == "self-model":  # the target drafting for itself: its argmax child is always kept and accepted
+        assert all(r.extra_kind == "bonus" for r in run.rounds)
+        if not budget.tree:
+            assert all(len(r.accepted) == min(budget.k, NEW_TOKENS - r.start) or r.finished for r in run.rounds)
+    if drafter_name == "other-model":
+        assert any(not r.accepted and r.extra_kind == "correction" for r in run.rounds)
+
+def test_rounds_cover_full_acceptance_and_full_rejection(setup):
+    target, other, _ = setup
+    runs = [generate(target, PROMPT, GenerationConfig(max_new_tokens=60), DraftModelDrafter(m, VOCAB), DraftBudget(k=4))
+            for m in (target.model, other)]
+    rounds = [r for run in runs for r in run.rounds]
+    assert any(len(r.accepted) == len(r.tokens) == 4 for r in rounds)
+    assert any(len(r.tokens) == 4 and not r.accepted for r in rounds)
+
+@pytest.mark.parametrize("budget", [DraftBudget(k=4), DraftBudget(tree=True, width=3, depth=4, max_nodes=12)],
+                         ids=["chain", "tree"])
+def test_cache_matches_fresh_prefill_after_every_round(setup, budget):
+    target, other, _ = setup
+    run = Generation(target, PROMPT, GenerationConfig(max_new_tokens=40), DraftModelDrafter(other, VOCAB), budget)
+    context = list(PROMPT)
+    for record in run:
+        context += record.committed
+        if record.finished:
+            break
+
+        fresh = DynamicCache(config=target.model.config)
+        prefill(target.model, fresh, context[:-1])
+        assert run.cache.get_seq_length() == len(context) - 1
+        for ours, theirs in zip(run.cache.layers, fresh.layers):
+            torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-4)
