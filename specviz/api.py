@@ -18,11 +18,13 @@ from specviz.engine import metrics, trace
 from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
+from specviz.engine.tree import DraftTree
 from specviz.errors import SpecvizError
 
 __all__ = [
     "DRAFTER_KINDS",
     "DraftBudget",
+    "DraftTree",
     "Drafter",
     "Generation",
     "GenerationConfig",

@@ -82,7 +82,9 @@ def gumbel_draws(q: torch.Tensor, count: int, generator: torch.Generator) -> lis
 def build_tree(draft: Table, width: int, sampled: bool, generator: torch.Generator) -> DraftTree:
     """A depth-2 tree from the draft table: children drawn (sampled) or its top-w (deterministic)."""
     tokens, parents, rows = [], [], [draft.probs[()]]
-    pick = (lambda q: gumbel_draws(q, width, generator)) if sampled else (lambda q: torch.topk(q, width).indices.tolist())
+    def pick(q: torch.Tensor) -> list[int]:
+        return gumbel_draws(q, width, generator) if sampled else torch.topk(q, width).indices.tolist()
+
     for a in pick(draft.probs[()]):
         tokens.append(a)
         parents.append(-1)

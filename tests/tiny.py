@@ -12,10 +12,15 @@ from specviz.engine.target import Target
 
 
 def tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    vocab = {f"w{i}": i for i in range(vocab_size)}
-    model = Tokenizer(WordLevel(vocab=vocab, unk_token="w0"))
+    """Words ``w0 … w{n-1}`` with ids 0 … n-1."""
+    return tokenizer_from({f"w{i}": i for i in range(vocab_size)})
+
+
+def tokenizer_from(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+    unk = min(vocab, key=vocab.get)
+    model = Tokenizer(WordLevel(vocab=vocab, unk_token=unk))
     model.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=model, unk_token="w0")
+    return PreTrainedTokenizerFast(tokenizer_object=model, unk_token=unk)
 
 
 def model(arch: str = "llama", vocab_size: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0,

@@ -1,0 +1,128 @@
+"""Bad input gets a clear one-line SpecvizError, before any work is lost."""
+
+import pytest
+import tiny
+
+from specviz import api
+from specviz.drafters.base import DraftBudget
+from specviz.engine.loop import Generation, GenerationConfig
+from specviz.engine.sampling import SamplingConfig
+from specviz.errors import SpecvizError, UnsupportedModelError
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert message and "\n" not in message
+    return message
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.target("llama", 32, layers=1, max_positions=64)
+
+
+def test_empty_prompt(target):
+    for prompt in ("", "   \n"):
+        with pytest.raises(SpecvizError) as error:
+            target.encode_prompt(prompt, chat=False)
+        assert "empty" in one_line(error)
+    with pytest.raises(SpecvizError):
+        Generation(target, [], GenerationConfig())
+
+
+@pytest.mark.parametrize("value", [0, -3, 10**6, 2.5])
+def test_max_new_tokens_out_of_range(value):
+    with pytest.raises(SpecvizError) as error:
+        GenerationConfig(max_new_tokens=value)
+    assert "max-new-tokens" in one_line(error)
+
+
+@pytest.mark.parametrize("field, value", [("k", 0), ("k", 33), ("width", 0), ("width", 17), ("depth", 0),
+                                          ("depth", 100), ("max_nodes", 0), ("max_nodes", 10_000), ("k", "4")])
+def test_budget_out_of_range(field, value):
+    with pytest.raises(SpecvizError) as error:
+        DraftBudget(**{field: value})
+    assert field.replace("_", "-") in one_line(error)
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"temperature": 100.0}, {"top_p": 0.0}, {"top_p": 1.5},
+                                    {"top_k": -1}])
+def test_sampling_settings_out_of_range(kwargs):
+    with pytest.raises(SpecvizError) as error:
+        SamplingConfig(**kwargs)
+    one_line(error)
+
+
+@pytest.mark.parametrize("spec", ["", "medusa", "model:", "ngram:x", "eagle:foo"])
+def test_unknown_drafter(target, spec):
+    with pytest.raises(SpecvizError) as error:
+        api.make_drafter(spec, target)
+    assert "drafter" in one_line(error) or "ngram" in one_line(error)
+
+
+def test_missing_model_directory(tmp_path):
+    with pytest.raises(SpecvizError) as error:
+        api.load_target(str(tmp_path / "no-such-model"))
+    assert "no-such-model" in one_line(error)
+
+
+def test_mismatched_tokenizers(target, tmp_path):
+    other = tiny.model("llama", 40, layers=1)
+    other_tokenizer = tiny.tokenizer(40)
+    vocab = other_tokenizer.get_vocab()
+    other_tokenizer = tiny.tokenizer_from({f"x{i}": i for i in range(len(vocab))})
+    other.save_pretrained(tmp_path / "other")
+    other_tokenizer.save_pretrained(tmp_path / "other")
+    with pytest.raises(SpecvizError) as error:
+        api.make_drafter(f"model:{tmp_path / 'other'}", target)
+    message = one_line(error)
+    assert target.name in message and "other" in message
+
+
+def test_prompt_beyond_context_window(target):
+    with pytest.raises(SpecvizError) as error:
+        Generation(target, list(range(1, 30)) * 3, GenerationConfig(max_new_tokens=4))
+    assert "64" in one_line(error)
+    with pytest.raises(SpecvizError) as error:
+        Generation(target, list(range(1, 30)), GenerationConfig(max_new_tokens=40), api.make_drafter("ngram", target))
+    assert "context window" in one_line(error)
+
+
+def test_sliding_window_model_is_refused():
+    net = tiny.model("qwen2", 32, layers=2)
+    net.config.use_sliding_window = True
+    net.config.sliding_window = 16
+    net.config.layer_types = ["sliding_attention"] * 2
+    target = api.Target(model=net, tokenizer=tiny.tokenizer(32), name="tiny-sliding")
+    with pytest.raises(UnsupportedModelError) as error:
+        Generation(target, [1, 2, 3], GenerationConfig(max_new_tokens=40))
+    assert "tiny-sliding" in one_line(error) and "sliding window" in one_line(error)
+    Generation(target, [1, 2, 3], GenerationConfig(max_new_tokens=8))  # fits in the window: allowed
+
+
+def test_recurrent_layers_are_refused():
+    transformers = pytest.importorskip("transformers")
+    config_class = getattr(transformers, "Qwen3NextConfig", None)
+    if config_class is None:
+        pytest.skip("this transformers has no Qwen3-Next (hybrid linear attention) model")
+    config = config_class(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, layer_types=["linear_attention",
+                          "full_attention"], linear_num_value_heads=2, linear_num_key_heads=2,
+                          linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1,
+                          moe_intermediate_size=16, shared_expert_intermediate_size=16)
+    net = transformers.AutoModelForCausalLM.from_config(config).eval()
+    target = api.Target(model=net, tokenizer=tiny.tokenizer(32), name="tiny-hybrid")
+    with pytest.raises(UnsupportedModelError) as error:
+        Generation(target, [1, 2, 3], GenerationConfig(max_new_tokens=4))
+    assert "tiny-hybrid" in one_line(error)
+
+
+def test_out_of_vocabulary_draft_is_refused(target):
+    class Wild(api.Drafter):
+        def propose(self, context, budget, sampling, generator):
+            return api.DraftTree.chain([10_000])
+
+    run = Generation(target, [1, 2, 3], GenerationConfig(max_new_tokens=4), Wild())
+    with pytest.raises(SpecvizError) as error:
+        run.run()
+    assert "vocabulary" in one_line(error)

@@ -1,0 +1,78 @@
+"""The CLI: --json output, greedy identity against --baseline, traces, and one-line errors with exit code 2."""
+
+import json
+
+import pytest
+import tiny
+
+from specviz import cli
+from specviz.engine import trace
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = tiny.model("llama", 64, layers=2, scale=20)
+    for name, net in (("target", target), ("draft", tiny.truncated(target, 1))):
+        net.save_pretrained(root / name)
+        tiny.tokenizer(64).save_pretrained(root / name)
+    return root
+
+
+def run_cli(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("shape", [["--k", "4"], ["--tree", "--width", "3", "--depth", "4", "--budget", "12"]])
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_generate_json_with_baseline(capsys, model_dirs, tmp_path, shape, drafter):
+    spec = "ngram" if drafter == "ngram" else f"model:{model_dirs / 'draft'}"
+    code, out, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--drafter", spec, *shape,
+                             "--prompt", "w3 w5 w7 w3 w5", "--max-new-tokens", 30, "--baseline", "--json",
+                             "--trace", tmp_path / "t.jsonl")
+    assert code == 0, err
+    result = json.loads(out)
+    for key in ("text", "token_ids", "rounds", "tau", "acceptance_rate", "tokens_per_s", "baseline_token_ids",
+                "baseline_tokens_per_s", "speedup"):
+        assert key in result
+    assert len(result["token_ids"]) == 30
+    assert result["token_ids"] == result["baseline_token_ids"] and result["identical"]
+    assert result["tau"] == pytest.approx(30 / result["rounds"])
+    assert trace.read(tmp_path / "t.jsonl").token_ids == result["token_ids"]
+
+
+def test_sampled_generation_is_reproducible(capsys, model_dirs):
+    argv = ["generate", "--target", model_dirs / "target", "--drafter", f"model:{model_dirs / 'draft'}",
+            "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--prompt", "w1 w2", "--max-new-tokens", 20,
+            "--json"]
+    first = json.loads(run_cli(capsys, *argv)[1])
+    second = json.loads(run_cli(capsys, *argv)[1])
+    assert first["token_ids"] == second["token_ids"] and first["rule"] == "rejection-sampling"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["generate", "--prompt", ""], "empty"),
+    (["generate", "--prompt", "hi", "--k", "0"], "k must be"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "max-new-tokens"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "99999999"], "max-new-tokens"),
+    (["generate", "--prompt", "hi", "--temperature", "-2"], "temperature"),
+    (["generate", "--prompt", "hi", "--target", "/no/such/dir"], "no such file"),
+    (["generate", "--prompt", "hi", "--target", "no-such-registry-name"], "no-such-registry-name"),
+    (["generate", "--prompt", "hi", "--k", "four"], "invalid int"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_user_errors_are_one_line_with_exit_2(capsys, argv, fragment):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and fragment in err
+    assert "Traceback" not in err
+
+
+def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
+    code, _, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--drafter", "magic",
+                           "--prompt", "w1")
+    assert code == 2 and "unknown drafter" in err
+    code, _, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--prompt", "w1 " * 2000)
+    assert code == 2 and "reads at most" in err

@@ -1,0 +1,98 @@
+"""Trace round trip: committed tokens reproduce the output, paths follow parents, malformed traces are refused."""
+
+import json
+
+import pytest
+import tiny
+
+from specviz import api
+from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.engine import trace
+from specviz.engine.trace import TraceError
+
+VOCAB = 48
+PROMPT = [4, 9, 4, 9, 12, 30]
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    target = tiny.target("llama", VOCAB, layers=2, scale=20)
+    drafter = DraftModelDrafter(tiny.truncated(target.model, 1), VOCAB)
+    config = api.GenerationConfig(max_new_tokens=40, sampling=api.SamplingConfig(temperature=0.7), seed=3)
+    run = api.start(target, PROMPT, drafter, api.DraftBudget(tree=True, width=3, depth=4, max_nodes=12), config).run()
+    baseline = api.plain_decode(target, PROMPT, config)
+    text = trace.dumps(api.header_for(run, "w4 w9"), run.rounds, api.summary_for(run, baseline))
+    return run, text
+
+
+def test_round_trip_reproduces_tokens(recorded, tmp_path):
+    run, text = recorded
+    path = tmp_path / "run.jsonl"
+    path.write_text(text)
+    loaded = trace.read(path)
+    assert loaded.token_ids == run.token_ids
+    assert loaded.summary["token_ids"] == run.token_ids
+    assert [r.to_dict() for r in loaded.rounds] == [r.to_dict() for r in run.rounds]
+    assert loaded.header["target"]["vocab_size"] == VOCAB and loaded.header["versions"]["torch"]
+
+
+def test_accepted_paths_follow_parent_links(recorded):
+    run, _ = recorded
+    assert any(len(r.accepted) >= 2 for r in run.rounds)
+    for record in run.rounds:
+        previous = -1
+        for node in record.accepted:
+            assert record.parents[node] == previous
+            previous = node
+        assert record.committed == ([record.tokens[i] for i in record.accepted] + [record.extra_token])[
+            : len(record.committed)]
+        assert len(record.target_top) == len(record.tokens) + 1 == len(record.target_entropy)
+
+
+def _mutate(text: str, line: int, change) -> str:
+    lines = text.splitlines()
+    obj = json.loads(lines[line])
+    change(obj)
+    lines[line] = json.dumps(obj)
+    return "\n".join(lines)
+
+
+def _broken_path(obj):
+    obj["tokens"] = [1, 2, 3]
+    obj["parents"] = [-1, -1, 0]
+    obj["p_target"] = [0.1, 0.2, 0.3]
+    obj["accepted"] = [1, 2]  # node 2's parent is 0, not 1
+
+
+BROKEN = {
+    "not json": lambda text: text.replace("}", "", 1),
+    "empty": lambda text: "",
+    "no header": lambda text: "\n".join(text.splitlines()[1:]),
+    "wrong version": lambda text: _mutate(text, 0, lambda o: o.update(version=99)),
+    "missing field": lambda text: _mutate(text, 1, lambda o: o.pop("accepted")),
+    "wrong type": lambda text: _mutate(text, 1, lambda o: o.update(tokens="abc")),
+    "parent after child": lambda text: _mutate(text, 1, lambda o: o.update(parents=[0] + o["parents"][1:])),
+    "path off the tree": lambda text: _mutate(text, 1, _broken_path),
+    "committed mismatch": lambda text: _mutate(text, 1, lambda o: o.update(committed=[o["extra_token"] + 1])),
+    "unknown kind": lambda text: _mutate(text, 1, lambda o: o.update(extra_kind="lucky")),
+    "round missing": lambda text: "\n".join(line for i, line in enumerate(text.splitlines()) if i != 1),
+    "summary mismatch": lambda text: _mutate(text, -1, lambda o: o.update(token_ids=[1, 2, 3])),
+    "unknown record": lambda text: text + '\n{"type": "party"}',
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_validator_rejects_malformed_traces(recorded, name):
+    _, text = recorded
+    with pytest.raises(TraceError) as error:
+        trace.loads(BROKEN[name](text))
+    assert "\n" not in str(error.value)
+
+
+def test_read_refuses_missing_and_binary_files(tmp_path):
+    with pytest.raises(TraceError):
+        trace.read(tmp_path / "missing.jsonl")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(TraceError):
+        trace.read(binary)
