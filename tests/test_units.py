@@ -84,3 +84,35 @@ def test_ngram_chain_and_tree():
                            make_generator(0))
     assert sorted(zip(tree.tokens, tree.parents)) == sorted([(5, -1), (3, -1), (6, 0), (4, 1)])
     assert drafter.propose([7, 8], DraftBudget(k=3), SamplingConfig(), make_generator(0)).tokens == []
+
+
+def test_tree_forward_switches_attention_only_for_masked_calls():
+    """A model on a kernel that takes no 4D mask (a flash-attention stand-in) is switched to SDPA for trees only."""
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    from specviz.engine.loop import generate
+
+    seen = []
+
+    def recording_attention(module, query, key, value, attention_mask, **kwargs):
+        """Like flash attention: no mask argument, causal aligned to the end of the cache."""
+        seen.append(attention_mask is None)
+        assert attention_mask is None, "a mask reached a kernel that cannot take one"
+        q_len, kv_len = query.shape[-2], key.shape[-2]
+        causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+        return AttentionInterface._global_mapping["sdpa"](module, query, key, value, causal[None, None], **kwargs)
+
+    AttentionInterface.register("specviz_test_maskless", recording_attention)
+    AttentionMaskInterface.register("specviz_test_maskless", flash_attention_mask)
+    target = tiny.target("llama", 32, layers=1, scale=20)
+    reference = plain_decode(target, [1, 2, 3], GenerationConfig(max_new_tokens=10)).token_ids
+    target.model.config._attn_implementation = "specviz_test_maskless"
+    try:
+        tree = DraftBudget(tree=True, width=2, depth=2, max_nodes=4)
+        run = generate(target, [1, 2, 3], GenerationConfig(max_new_tokens=10), NgramDrafter(), tree)
+        chain = plain_decode(target, [1, 2, 3], GenerationConfig(max_new_tokens=10))
+    finally:
+        target.model.config._attn_implementation = "sdpa"
+    assert run.token_ids == reference == chain.token_ids
+    assert seen and all(seen)

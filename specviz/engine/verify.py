@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from specviz.engine.attention import mask_capable_attention
 from specviz.engine.tree import DraftTree
 
 
@@ -34,8 +35,11 @@ def masked_forward(
     device = parameter.device
     input_ids = torch.tensor([token_ids], device=device)
     position_ids = torch.tensor([positions], device=device)
-    mask = None if visible is None else additive_mask(visible.to(device), parameter.dtype)
-    output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True)
+    if visible is None:
+        return model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True).logits[0]
+    mask = additive_mask(visible.to(device), parameter.dtype)
+    with mask_capable_attention(model):
+        output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True)
     return output.logits[0]
 
 
