@@ -1,0 +1,103 @@
+"""What one benchmark run compares: the rows of the table, named and described before anything is loaded.
+
+Every drafter runs as a chain and as a tree in specviz. Reference rows come from Hugging Face ``generate`` on the
+same target: plain greedy ``generate``, assisted generation with the same draft model (a fixed chain of ``k``, like
+specviz's chain) and prompt lookup (``prompt_lookup_num_tokens = k``, the n-gram drafter's maximum n).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from specviz.drafters.base import DraftBudget
+from specviz.errors import SpecvizError
+
+DRAFTER_KINDS = ("ngram", "model")
+SHAPES = ("chain", "tree")
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One row: which engine, which drafter (None = plain decoding) and which draft shape."""
+
+    name: str
+    engine: str  # "specviz" | "hf"
+    drafter: str | None = None
+    shape: str = "chain"  # "chain" | "tree" | "plain"
+    budget: DraftBudget | None = None
+    hf_kwargs: dict = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None
+
+
+def parse_drafters(text: str) -> list[str]:
+    """``"ngram,model:x"`` -> specs; unknown kinds and duplicates fail before any model is loaded."""
+    specs = [part.strip() for part in (text or "").split(",")]
+    if not any(specs):
+        raise SpecvizError("--drafters is empty; give e.g. ngram,model:<name>")
+    if "" in specs:
+        raise SpecvizError(f"--drafters {text!r} has an empty entry")
+    for spec in specs:
+        kind, _, argument = spec.partition(":")
+        if kind not in DRAFTER_KINDS or (kind == "model" and not argument):
+            raise SpecvizError(f"unknown drafter {spec!r} in --drafters; use ngram, ngram:N or model:<name|dir|hub id>")
+        if kind == "ngram" and argument and not argument.isdigit():
+            raise SpecvizError(f"ngram takes a maximum n-gram size, e.g. ngram:3, got {spec!r}")
+    duplicates = sorted({s for s in specs if specs.count(s) > 1})
+    if duplicates:
+        raise SpecvizError(f"drafter {duplicates[0]!r} is listed twice in --drafters")
+    return specs
+
+
+def parse_shapes(text: str) -> list[str]:
+    shapes = [part.strip() for part in (text or "").split(",") if part.strip()]
+    bad = [s for s in shapes if s not in SHAPES]
+    if not shapes or bad:
+        raise SpecvizError(f"--shapes takes chain, tree or chain,tree, got {text!r}")
+    return list(dict.fromkeys(shapes))
+
+
+def ngram_size(spec: str) -> int:
+    """The maximum n of an ``ngram[:N]`` spec (the drafter's default is 3)."""
+    _, _, argument = spec.partition(":")
+    return int(argument) if argument else 3
+
+
+def build_specs(
+    drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False
+) -> list[RunSpec]:
+    """The rows, in table order: specviz drafter x shape, then the Hugging Face references."""
+    chain = replace(budget, tree=False)
+    tree = replace(budget, tree=True)
+    specs: list[RunSpec] = []
+    for drafter in drafters:
+        for shape in shapes:
+            shaped = chain if shape == "chain" else tree
+            specs.append(RunSpec(f"{drafter} {shaped.describe()}", "specviz", drafter, shape, shaped))
+    if not hf:
+        return specs
+    specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))
+    for drafter in drafters:
+        if drafter.startswith("model:"):
+            specs.append(RunSpec(
+                f"hf assisted {drafter} k={chain.k}", "hf", drafter, "chain", chain,
+                {"num_assistant_tokens": chain.k, "num_assistant_tokens_schedule": "constant",
+                 "assistant_confidence_threshold": 0.0},
+                note=f"assistant_model; num_assistant_tokens={chain.k}, schedule constant, confidence stop off"))
+            if hf_defaults:
+                specs.append(RunSpec(
+                    f"hf assisted {drafter} (defaults)", "hf", drafter, "chain", None,
+                    {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+                     "assistant_confidence_threshold": 0.4},
+                    note="transformers 5 defaults: num_assistant_tokens=20, constant, confidence threshold 0.4"))
+        else:
+            n = ngram_size(drafter)
+            specs.append(RunSpec(
+                f"hf prompt lookup k={chain.k} n={n}", "hf", drafter, "chain", chain,
+                {"prompt_lookup_num_tokens": chain.k, "max_matching_ngram_size": n},
+                note=f"prompt_lookup_num_tokens={chain.k}, max_matching_ngram_size={n}"))
+    return specs

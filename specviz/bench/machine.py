@@ -1,0 +1,52 @@
+"""The machine a benchmark ran on: numbers without it cannot be compared or reproduced."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def gpu() -> str:
+    if torch.cuda.is_available():
+        return ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return "none"
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages: a busy machine shows here (another job skews every number)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def describe() -> dict:
+    import transformers
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "load_average_start": load_average(),
+    }

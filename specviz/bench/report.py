@@ -1,0 +1,147 @@
+"""Markdown and JSON outputs of a benchmark run (the HTML charts live in ``charts``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from specviz.bench.suite import SuiteResult
+from specviz.bench.summary import (
+    FORMULAS,
+    OVERALL,
+    PLAIN_ROW,
+    Spread,
+    Stats,
+    Summary,
+    sample_predicted,
+    sample_speedup,
+    sample_tau,
+)
+
+DASH = "–"
+
+
+def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return DASH if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _spread(spread: Spread | None, digits: int = 2, suffix: str = "") -> str:
+    if spread is None:
+        return DASH
+    return f"{spread.median:.{digits}f}{suffix} ({spread.low:.{digits}f}–{spread.high:.{digits}f})"
+
+
+def _exact(stats: Stats) -> str:
+    return DASH if stats.exact is None else f"{stats.exact}/{stats.prompts}"
+
+
+def _split(stats: Stats) -> str:
+    if stats.verify_ms is None:
+        return DASH
+    return f"{stats.draft_ms:.1f} / {stats.verify_ms:.1f} / {stats.other_ms:.2f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def overall_table(summary: Summary, group: str = OVERALL) -> list[str]:
+    header = ["configuration", "τ", "acceptance", "tokens/s median (min–max)", "speedup median (min–max)",
+              "predicted", "exact", "draft / verify / other ms per round", ""]
+    rows = []
+    for name in summary.rows:
+        stats = summary.table[name][group]
+        flag = "**slower than plain**" if stats.slower_than_plain else ""
+        speedup = "1 (baseline)" if name == PLAIN_ROW else _spread(stats.speedup, suffix="×")
+        rows.append([name, _num(stats.tau), _num(stats.acceptance_rate), _spread(stats.tokens_per_s, 1), speedup,
+                     _spread(stats.predicted, suffix="×") if stats.predicted else DASH, _exact(stats), _split(stats),
+                     flag])
+    return _table(header, rows)
+
+
+def by_category(summary: Summary, cell) -> list[str]:
+    groups = [*summary.categories, OVERALL]
+    counts = [f"{g} ({summary.table[PLAIN_ROW][g].prompts})" for g in groups]
+    rows = [[name, *(cell(summary.table[name][g]) for g in groups)] for name in summary.rows[1:]]
+    return _table(["configuration", *counts], rows)
+
+
+def per_position(summary: Summary, field: str) -> list[str]:
+    names = [n for n in summary.rows[1:] if getattr(summary.table[n][OVERALL], field)]
+    depth = max((len(getattr(summary.table[n][OVERALL], field)) for n in names), default=0)
+    rows = []
+    for name in names:
+        values = getattr(summary.table[name][OVERALL], field)
+        rows.append([name, *(_num(v) for v in values), *([DASH] * (depth - len(values)))])
+    return _table(["configuration", *(f"d={d}" for d in range(1, depth + 1))], rows)
+
+
+def markdown(summary: Summary, meta: dict) -> str:
+    """The report: settings, machine, the overall table, per-category tables, per-position acceptance, notes."""
+    machine, settings = meta["machine"], meta["settings"]
+    lines = [
+        "# specviz benchmark", "",
+        f"Command: `{meta['command']}`", "",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, torch threads {machine['torch_threads']}, "
+        f"GPU {machine['gpu']}; torch {machine['torch']}, transformers {machine['transformers']}, "
+        f"Python {machine['python']}; {machine['date']}; load average at start {machine['load_average_start']}, "
+        f"at end {machine.get('load_average_end')}.", "",
+        f"Target `{settings['target']}`; {settings['max_new_tokens']} new tokens; temperature "
+        f"{settings['temperature']}; chat template {'on' if settings['chat'] else 'off'}; "
+        f"prompts {settings['prompts_file']} ({settings['prompt_count']} prompts: {settings['selection']}); "
+        f"suite wall time {meta['wall_s']:.0f} s.", "",
+        "## All prompts", "", *overall_table(summary), "",
+        "## Speedup by category (median over prompts)", "",
+        *by_category(summary, lambda s: _num(s.speedup.median if s.speedup else None, suffix="×")), "",
+        "## τ by category", "", *by_category(summary, lambda s: _num(s.tau)), "",
+    ]
+    if any(summary.table[n][OVERALL].conditional for n in summary.rows[1:]):
+        lines += ["## Per-position acceptance (all prompts)", "",
+                  "Conditional: P(depth d accepted | depth d−1 accepted and drafted).", "",
+                  *per_position(summary, "conditional"), "",
+                  "Cumulative: P(accepted length ≥ d).", "", *per_position(summary, "cumulative"), ""]
+    slower = [n for n in summary.rows[1:] if summary.table[n][OVERALL].slower_than_plain]
+    lines += ["## Notes", ""]
+    if slower:
+        lines.append(f"- Slower than plain decoding (median speedup < 1): {', '.join(slower)}.")
+    if summary.noise is not None:
+        lines.append(f"- Noise floor: identical plain runs of one prompt differ by a factor "
+                     f"{_spread(summary.noise, 3)} (fastest ÷ slowest, median (min–max) over prompts).")
+    for name, spec in summary.specs.items():
+        if spec.note:
+            lines.append(f"- `{name}`: {spec.note}.")
+    lines += [f"- {text}" for text in FORMULAS.values()]
+    return "\n".join(lines) + "\n"
+
+
+def runs_json(suite: SuiteResult) -> list[dict]:
+    """One entry per timed configuration run (plain runs are summarised per prompt)."""
+    rows = []
+    for sample in suite.samples:
+        result = sample.result
+        rows.append({
+            "config": sample.spec, "question_id": sample.prompt.question_id, "category": sample.prompt.category,
+            "new_tokens": result.new_tokens, "wall_s": result.wall_s, "tokens_per_s": result.tokens_per_s,
+            "plain_wall_s": [p.wall_s for p in sample.plain], "speedup": sample_speedup(sample),
+            "tau": sample_tau(sample), "predicted": sample_predicted(sample), "forwards": result.forwards,
+            "prefill_ms": result.prefill_ms, "identical": result.token_ids == sample.reference,
+        })
+    return rows
+
+
+def prompts_json(suite: SuiteResult) -> list[dict]:
+    return [{"question_id": p.prompt.question_id, "category": p.prompt.category, "prompt_tokens": p.prompt_tokens,
+             "plain_tokens_per_s": [r.tokens_per_s for r in p.plain], "new_tokens": p.plain[0].new_tokens,
+             "plain_token_ids": p.plain[0].token_ids} for p in suite.prompts]
+
+
+def write(out: Path, summary: Summary, suite: SuiteResult, meta: dict) -> dict[str, Path]:
+    """Write results.md and results.json into ``out``; return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "results.md", "json": out / "results.json"}
+    paths["markdown"].write_text(markdown(summary, meta), encoding="utf-8")
+    data = {**meta, "summary": summary.to_dict(), "prompts": prompts_json(suite), "runs": runs_json(suite)}
+    paths["json"].write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+    return paths

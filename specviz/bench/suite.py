@@ -1,0 +1,98 @@
+"""The schedule: per prompt, plain decoding between every configuration (A B A C A D ... A), after a warm-up.
+
+Each configuration's speedup is taken against the two plain runs on either side of it, so slow drift of the
+machine (another process, thermal state) cancels to first order; the configuration order rotates from prompt to
+prompt so no configuration always follows the same one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from specviz.bench.configs import RunSpec
+from specviz.bench.prompts import BenchPrompt
+from specviz.bench.runners import RunResult, run_hf, run_specviz
+from specviz.drafters.base import Drafter
+from specviz.engine.loop import GenerationConfig
+from specviz.engine.target import Target
+
+Runner = Callable[[list[int], GenerationConfig], RunResult]
+WARM_UP_TOKENS = 8
+
+
+@dataclass
+class Sample:
+    """One configuration on one prompt, with the plain runs just before and after it."""
+
+    spec: str
+    prompt: BenchPrompt
+    result: RunResult
+    plain: tuple[RunResult, RunResult]
+    reference: list[int]  # the prompt's first plain output (greedy outputs must equal it)
+
+
+@dataclass
+class PromptRuns:
+    prompt: BenchPrompt
+    prompt_tokens: int
+    plain: list[RunResult] = field(default_factory=list)
+
+
+@dataclass
+class SuiteResult:
+    specs: list[RunSpec]
+    samples: list[Sample]
+    prompts: list[PromptRuns]
+    wall_s: float
+
+
+def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter]) -> Runner:
+    """The timed call for one row."""
+    if spec.engine == "specviz":
+        drafter = drafters[spec.drafter] if spec.drafter else None
+        return lambda ids, config: run_specviz(target, ids, config, drafter, spec.budget if drafter else None)
+    if spec.drafter is None:
+        return lambda ids, config: run_hf(target, ids, config)
+    if spec.drafter.startswith("model:"):
+        assistant = drafters[spec.drafter].model
+        return lambda ids, config: run_hf(target, ids, config, assistant=assistant, assistant_settings=spec.hf_kwargs)
+    return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
+
+
+def run_suite(
+    target: Target,
+    prompts: list[BenchPrompt],
+    specs: list[RunSpec],
+    drafters: dict[str, Drafter],
+    config: GenerationConfig,
+    *,
+    chat: bool,
+    log: Callable[[str], None] = lambda line: None,
+) -> SuiteResult:
+    """Run every configuration on every prompt, interleaved with plain decoding; warm-up runs are not recorded."""
+    runners = {spec.name: make_runner(spec, target, drafters) for spec in specs}
+    plain: Runner = lambda ids, cfg: run_specviz(target, ids, cfg)  # noqa: E731
+    encoded = [target.encode_prompt(p.text, chat=chat) for p in prompts]  # fails early on a bad prompt
+    warm = replace(config, max_new_tokens=min(WARM_UP_TOKENS, config.max_new_tokens))
+    for run in (plain, *runners.values()):
+        run(encoded[0], warm)
+    samples: list[Sample] = []
+    runs: list[PromptRuns] = []
+    start = time.perf_counter()
+    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        shift = index % len(specs) if specs else 0
+        order = specs[shift:] + specs[:shift]
+        record = PromptRuns(prompt, len(ids), [plain(ids, config)])
+        for spec in order:
+            result = runners[spec.name](ids, config)
+            record.plain.append(plain(ids, config))
+            samples.append(Sample(spec.name, prompt, result, (record.plain[-2], record.plain[-1]),
+                                  record.plain[0].token_ids))
+        runs.append(record)
+        elapsed = time.perf_counter() - start
+        eta = elapsed / (index + 1) * (len(prompts) - index - 1)
+        log(f"[{index + 1}/{len(prompts)}] {prompt.category} #{prompt.question_id}: {len(ids)} prompt tokens, "
+            f"{elapsed:.0f} s elapsed, ~{eta:.0f} s left")
+    return SuiteResult(specs, samples, runs, time.perf_counter() - start)

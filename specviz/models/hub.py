@@ -1,0 +1,37 @@
+"""Hugging Face hub ids: load with from_pretrained, but fail in one line when the hub cannot be reached."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from specviz.errors import SpecvizError
+
+#: ``owner/name`` (optionally ``owner/name@revision``), the shape of a hub repository id.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    """True for ``owner/name`` strings that are not existing local paths."""
+    return bool(HUB_ID.match(spec)) and not spec.startswith((".", "/", "~"))
+
+
+def hub_offline() -> bool:
+    """Whether the user switched the hub off (read from the environment each call, so tests can toggle it)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def split_revision(spec: str) -> tuple[str, str | None]:
+    """``owner/name@rev`` → (``owner/name``, ``rev``)."""
+    repo, _, revision = spec.partition("@")
+    return repo, revision or None
+
+
+def hub_error(spec: str, error: Exception) -> SpecvizError:
+    """Turn a hub/download failure into a one-line error that says what to do."""
+    if hub_offline():
+        return SpecvizError(f"{spec!r} is not a local path, and as a Hugging Face hub id it cannot be fetched: the hub "
+                            f"is offline (HF_HUB_OFFLINE=1) and it is not in the local cache")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SpecvizError(f"{spec!r} is not a local path, and loading it from the Hugging Face hub failed (unreachable, "
+                        f"private or missing): {first[:200]}")

@@ -1,0 +1,172 @@
+"""``specviz train <kind> --target T --data PATH... --out DIR``: build shared target features, train, evaluate, export.
+
+Wire-up for the main CLI: ``add_train_subparser(subparsers)`` adds the ``train`` command and ``run_train(args)``
+runs it; ``main(argv)`` is the standalone entry point (``python -m specviz.training.cli draft-lm ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specviz.errors import SpecvizError
+from specviz.models.registry import REPO_ROOT
+from specviz.training.data import DataPlan, build_data
+from specviz.training.evaluate import evaluate_agreement
+from specviz.training.export import export_model, write_model_card
+from specviz.training.trainers import TRAINERS, TrainConfig, fit, get_trainer
+
+DEFAULT_CACHE = REPO_ROOT / ".cache" / "specviz"
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of the train command (shared by the subcommand and the standalone parser)."""
+    parser.add_argument("kind", help=f"drafter family: {', '.join(TRAINERS)}")
+    parser.add_argument("--target", default="smollm2-135m",
+                        help="target model: registry name, directory, .gguf or hub id")
+    parser.add_argument("--data", nargs="+", required=True,
+                        help="training text: files, folders, globs, or 'stdlib' (the Python standard library)")
+    parser.add_argument("--out", required=True, type=Path, help="run folder: checkpoints, metrics, final model")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps")
+    parser.add_argument("--prompts", type=int, default=1200, help="self-distillation prompts the target answers")
+    parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
+    parser.add_argument("--gen-tokens", type=int, default=144, help="max answer length when self-distilling")
+    parser.add_argument("--gen-batch", type=int, default=16, help="batch size of the target's answer generation")
+    parser.add_argument("--corpus-tokens", type=int, default=100_000, help="corpus tokens annotated with target top-k")
+    parser.add_argument("--stdlib-files", type=int, default=400, help="how many stdlib .py files 'stdlib' samples")
+    parser.add_argument("--topk", type=int, default=8, help="target probabilities kept per position")
+    parser.add_argument("--hidden", type=int, default=None, help="student hidden size (trainer default if unset)")
+    parser.add_argument("--layers", type=int, default=None, help="student decoder layers")
+    parser.add_argument("--softmax-sample", type=int, default=0,
+                        help="draft-lm: score the target's top-k + N random tokens instead of the full vocabulary "
+                             "(sampled softmax; 0 = full softmax)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="feature cache (git-ignored)")
+    parser.add_argument("--export", type=Path, default=None, help="also write fp16 weights + model card here")
+    parser.add_argument("--name", default=None, help="model name used in the model card")
+
+
+def add_train_subparser(subparsers) -> argparse.ArgumentParser:
+    """Register ``train`` on the main CLI's subparsers; its handler is ``run_train``."""
+    parser = subparsers.add_parser("train", help="train a drafter for a target (distillation from the target)",
+                                   description=__doc__)
+    add_train_arguments(parser)
+    parser.set_defaults(func=run_train)
+    return parser
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Handler for the ``train`` subcommand: train and return the exit status (errors raise SpecvizError)."""
+    train(args)
+    return 0
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Prepare data, train, evaluate on held-out target answers, save; return the metrics."""
+    from specviz.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trainer_cls = get_trainer(args.kind)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = (out / "train.log").open("a", encoding="utf-8")
+
+    def log(message: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {message}"
+        print(line, file=sys.stderr, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    command = "python -m specviz " + " ".join(shlex.quote(a) for a in argv)
+    log(f"start: {command}")
+    started = time.perf_counter()
+    target = load_model(args.target, device=args.device)
+    log(f"target {target.name} ({target.source}) on {target.device} loaded in {target.load_seconds:.1f}s")
+    options = {"hidden": args.hidden, "layers": args.layers, "topk": args.topk, "softmax_sample": args.softmax_sample}
+    trainer = trainer_cls(target, options)
+    request = trainer.features()
+    plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
+                    gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, corpus_tokens=args.corpus_tokens,
+                    seq_len=args.seq_len, topk=request.topk, layers=request.layers,
+                    stdlib_files=args.stdlib_files, seed=args.seed)
+    train_set, heldout = build_data(target, plan, args.cache_dir, log)
+    data_seconds = time.perf_counter() - started
+    log(f"data ready in {data_seconds:.0f}s: {train_set.num_sequences} train sequences "
+        f"({int(train_set.loss_mask.sum())} trained positions), {heldout.num_sequences} held-out answers")
+    torch.manual_seed(args.seed)
+    student = trainer.build_student()
+    config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                         warmup=args.warmup, seed=args.seed, save_every=args.save_every, log_every=args.log_every,
+                         resume=args.resume,
+                         device=target.device)
+    params = sum(p.numel() for p in student.parameters())
+    log(f"student {args.kind}: {params / 1e6:.1f}M parameters; training {args.steps} steps")
+    train_started = time.perf_counter()
+    result = fit(trainer, student, train_set, config, out, log=log)
+    train_seconds = time.perf_counter() - train_started
+    metrics = evaluate_agreement(lambda ids: trainer.predict_argmax(student, ids), heldout)
+    final = out / "final"
+    trainer.save_pretrained(student, final)
+    history = result["history"]
+    summary = {
+        "kind": args.kind, "target": args.target, "parameters": params, "steps": args.steps,
+        "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
+        "final_loss": history[-1]["loss"] if history else None,
+        "final_train_agree": history[-1].get("agree") if history else None,
+        "data_seconds": data_seconds, "train_seconds": train_seconds,
+        "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
+        "heldout": metrics, "command": command, "student_config": student.config.to_dict(), "history": history,
+    }
+    previous = out / "metrics.json"
+    if args.resume and previous.is_file():  # a resumed run is reproduced by the chain of commands that made it
+        before = json.loads(previous.read_text())
+        summary["commands"] = [*before.get("commands", [before["command"]]), command]
+    previous.write_text(json.dumps(summary, indent=2))
+    log(f"held-out top-1 agreement {metrics['top1_agreement']:.3f}, simulated chain tau "
+        f"{metrics['simulated_chain_tau']}; saved {final}")
+    if args.export:
+        export_model(final, args.export)
+        write_model_card(args.export, summary, name=args.name or args.export.name)
+        log(f"exported fp16 weights and model card to {args.export}")
+    log_file.close()
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specviz train", description=__doc__)
+    add_train_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point; user errors print one line and exit 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = ["train", *argv]
+    try:
+        train(args)
+    except SpecvizError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

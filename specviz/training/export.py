@@ -1,0 +1,162 @@
+"""Ship a trained drafter: fp16 safetensors + config + tokenizer, and a model card that says how it was made.
+
+``python -m specviz.training.export --run runs/NAME --dest assets/models/NAME [--bench results.json]`` re-exports a
+finished run (its ``final/`` folder and ``metrics.json``), adding the τ/speedup a ``specviz bench`` run measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def export_model(source: Path, dest: Path, *, dtype: torch.dtype = torch.float16) -> int:
+    """Copy a saved model folder to ``dest`` with weights cast to ``dtype``; return the weights' size in bytes."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.suffix == ".safetensors":
+            tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(file)).items()}
+            save_file(tensors, str(dest / file.name), metadata={"format": "pt"})
+        elif file.is_file():
+            shutil.copy2(file, dest / file.name)
+    config_path = dest / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = str(dtype).replace("torch.", "")
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    return sum(f.stat().st_size for f in dest.glob("*.safetensors"))
+
+
+def _run_arguments(command: str) -> argparse.Namespace:
+    """The training arguments, recovered from the recorded command line."""
+    from specviz.training.cli import build_parser
+
+    words = shlex.split(command)
+    words = words[words.index("train") + 1:] if "train" in words else words
+    return build_parser().parse_args(words)
+
+
+def engine_rows_from_bench(results: dict, drafter: str) -> dict:
+    """Model-card rows (τ, speedup) for ``drafter``'s configurations from a ``specviz bench`` results.json."""
+    table = results["summary"]["table"]
+    rows = []
+    for name in results["summary"]["rows"]:
+        if name.startswith(drafter + " ") and "overall" in table.get(name, {}):
+            overall = table[name]["overall"]
+            speed = overall.get("speedup") or {}
+            rows.append({"setting": name, "tau": overall["tau"], "speedup": speed.get("median", float("nan")),
+                         "prompts": overall["prompts"]})
+    settings = results.get("settings", {})
+    machine = results.get("machine", {})
+    return {"machine": f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, torch threads "
+                       f"{machine.get('torch_threads', '?')}",
+            "description": f"{settings.get('prompt_count', '?')} Spec-Bench prompts ({settings.get('selection', '')}), "
+                           f"greedy, {settings.get('max_new_tokens', '?')} new tokens; command "
+                           f"`{results.get('command', '')}`",
+            "rows": rows}
+
+
+def _engine_section(engine: dict | None) -> str:
+    if not engine:
+        return ("Not measured with the engine yet: run `python -m specviz bench` (greedy, 128 new tokens) and "
+                "re-export with `python -m specviz.training.export --bench <results.json>`.")
+    lines = [f"Measured with the specviz engine ({engine.get('machine', 'this machine')}): "
+             f"{engine.get('description', '')}", "", "| setting | τ | speedup vs plain (median) |",
+             "| --- | --- | --- |"]
+    for row in engine.get("rows", []):
+        lines.append(f"| {row['setting']} | {row['tau']:.2f} | {row['speedup']:.2f}× |")
+    return "\n".join(lines)
+
+
+def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | None = None) -> None:
+    """README.md: architecture, data, steps, loss, held-out agreement, engine τ, and the retraining command."""
+    args = _run_arguments(summary["command"])
+    commands = summary.get("commands") or [summary["command"]]
+    sampled = getattr(args, "softmax_sample", 0)
+    loss_note = (f" (sampled softmax over the target's top-{args.topk} + {sampled} random tokens, so the loss and this "
+                 f"agreement are over that candidate set, not the full vocabulary)") if sampled else ""
+    notes = "".join(f"\n- {note}" for note in summary.get("notes", []))
+    cfg = summary.get("student_config") or json.loads((dest / "config.json").read_text())
+    held = summary["heldout"]
+    taus = ", ".join(f"k={k}: {v:.2f}" for k, v in held["simulated_chain_tau"].items())
+    per_cat = "\n".join(f"| {c} | {a:.3f} |" for c, a in held["per_category_agreement"].items())
+    size = sum(f.stat().st_size for f in dest.glob("*.safetensors")) / 2**20
+    text = f"""# {name}
+
+An independent draft model for speculative decoding with **{summary['target']}** (SmolLM2-135M-Instruct) as the
+target, trained by specviz's `{summary['kind']}` trainer. It uses the target's tokenizer: same 49152 ids (the
+tokenizer files here are a copy, so the folder loads on its own).
+
+## Architecture
+LlamaForCausalLM, {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']}
+heads ({cfg['num_key_value_heads']} KV heads), MLP {cfg['intermediate_size']}, tied input/output embeddings
+initialised from a PCA projection of the target's embedding matrix. {summary['parameters'] / 1e6:.1f}M parameters,
+fp16 safetensors ({size:.1f} MiB).
+
+## Data (built by the training command; nothing here comes from Spec-Bench)
+- Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
+  {args.prompts} generated prompts: templates over corpus passages and stdlib functions (summarise, answer from a
+  passage, translate, extract, continue a story, explain/review/test code), generated math word problems and
+  general questions (science, history, writing, role-play, reasoning, coding).
+- {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,
+  CRLF and licence blocks stripped, and {args.stdlib_files} Python stdlib files) annotated with the target's
+  top-{args.topk} probabilities.
+- Loss: cross-entropy to the target's renormalised top-{args.topk} distribution + 0.5 × cross-entropy on the
+  target's argmax (the token greedy verification accepts).
+
+## Training
+{summary['steps']} steps of AdamW (lr {args.lr}, warmup {args.warmup}, cosine to 10%), batch {args.batch_size}
+sequences of ≤ {args.seq_len} tokens, seed {args.seed}; {summary['train_sequences']} training sequences
+({summary['train_positions']} trained positions). In the last run, data loading took
+{summary['data_seconds'] / 60:.1f} min (features come from the cache when present) and training
+{summary['train_seconds'] / 60:.1f} min on 2 CPU cores. Final training loss (last logged step):
+{summary['final_loss']:.3f}; top-1 agreement on that batch {summary['final_train_agree']:.3f}{loss_note}.{notes}
+
+## Agreement with the target (held-out target answers, teacher-forced)
+{held['sequences']} held-out prompts' greedy target answers ({held['positions']} positions):
+
+- **top-1 agreement** (drafter argmax == target argmax): **{held['top1_agreement']:.3f}**
+- replayed greedy chain τ (chain drafting replayed on the target's answer; counts the bonus/correction token):
+  {taus}. A replay, not an engine run.
+
+| category | top-1 agreement |
+| --- | --- |
+{per_cat}
+
+## Speculative decoding with the engine
+{_engine_section(engine)}
+
+## Retrain
+From the repository root, in this order (features and checkpoints go to the git-ignored `.cache/` and `runs/`;
+a command with `--resume` continues the previous one's checkpoints with its own step count and schedule):
+```
+{chr(10).join(commands)}
+```
+"""
+    (dest / "README.md").write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="export a finished training run as fp16 weights + model card")
+    parser.add_argument("--run", type=Path, required=True, help="run folder (holds final/ and metrics.json)")
+    parser.add_argument("--dest", type=Path, required=True, help="where to write the shipped model")
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--bench", type=Path, default=None, help="results.json of a `specviz bench` run with this "
+                        "drafter (its τ and speedup go into the model card)")
+    args = parser.parse_args(argv)
+    summary = json.loads((args.run / "metrics.json").read_text())
+    size = export_model(args.run / "final", args.dest)
+    name = args.name or args.dest.name
+    engine = engine_rows_from_bench(json.loads(args.bench.read_text()), f"model:{name}") if args.bench else None
+    write_model_card(args.dest, summary, name=name, engine=engine)
+    print(f"wrote {args.dest} ({size / 2**20:.1f} MiB of weights)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

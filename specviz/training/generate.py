@@ -1,0 +1,112 @@
+"""Self-distillation data: the target's own greedy chat answers, with its top-k probabilities captured for free.
+
+Batched greedy decoding with left padding (≈10× the batch-1 rate on CPU); finished rows leave the batch (their KV
+rows are dropped) so long answers do not keep short ones busy. The logits computed while decoding are exactly the
+target's next-token distributions, so no second feature pass is needed for the answer tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from specviz.training.features import FeatureSet
+
+
+def chat_ids(tokenizer, user_text: str) -> list[int]:
+    """The target's chat template around one user turn, ending with the assistant header."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=True,
+                                        add_generation_prompt=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def stop_ids(tokenizer, model) -> set[int]:
+    """Token ids that end an answer (the tokenizer's eos and the model's generation eos)."""
+    ids = {tokenizer.eos_token_id}
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [eos])
+    return {int(i) for i in ids if i is not None}
+
+
+@torch.no_grad()
+def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, eos: set[int], pad_id: int,
+                 topk: int = 8) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Greedy answers for a batch of prompts: per prompt (answer ids, top-k ids [n, k], top-k probs [n, k]).
+
+    Row ``t`` of the top-k arrays is the target's distribution that chose answer token ``t``.
+    """
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attn[row, width - len(prompt):] = 1
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache, logits = out.cache, out.logits[:, -1]
+    alive = list(range(len(prompts)))  # original row of each live batch row
+    answers: list[list[int]] = [[] for _ in prompts]
+    tops_i: list[list[torch.Tensor]] = [[] for _ in prompts]
+    tops_p: list[list[torch.Tensor]] = [[] for _ in prompts]
+    eos_t = torch.tensor(sorted(eos), device=device)
+    last_pos = positions[:, -1:]
+    for _step in range(max_new_tokens):
+        probs = torch.softmax(logits.float(), dim=-1)
+        top_p, top_i = probs.topk(topk, dim=-1)
+        nxt = top_i[:, 0]
+        done = torch.isin(nxt, eos_t)
+        for row, orig in enumerate(alive):
+            answers[orig].append(int(nxt[row]))
+            tops_i[orig].append(top_i[row].cpu())
+            tops_p[orig].append(top_p[row].cpu())
+        keep = (~done).nonzero().flatten()
+        if keep.numel() == 0:
+            break
+        if keep.numel() < len(alive):
+            cache.batch_select_indices(keep)
+            attn, nxt, last_pos = attn[keep], nxt[keep], last_pos[keep]
+            alive = [alive[int(k)] for k in keep]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        last_pos = last_pos + 1
+        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos, cache=cache, use_cache=True)
+        cache, logits = out.cache, out.logits[:, -1]
+    return [(answers[i], torch.stack(tops_i[i]), torch.stack(tops_p[i])) for i in range(len(prompts))]
+
+
+def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] | None = None,
+                 max_new_tokens: int = 160, batch_size: int = 24, topk: int = 8,
+                 max_prompt_tokens: int = 640) -> FeatureSet:
+    """Answer every prompt greedily; return prompt+answer sequences with top-k on the answer positions only."""
+    encoded = [chat_ids(tokenizer, text)[-max_prompt_tokens:] for text in prompts]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    eos = stop_ids(tokenizer, model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    results: dict[int, tuple] = {}
+    with tqdm(total=len(prompts), desc="target answers", unit="prompt") as bar:
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            for i, result in zip(batch, greedy_batch(model, [encoded[i] for i in batch], max_new_tokens=max_new_tokens,
+                                                     eos=eos, pad_id=pad_id, topk=topk)):
+                results[i] = result
+            bar.update(len(batch))
+    ids, masks, t_ids, t_probs, starts = [], [], [], [], [0]
+    for i, prompt in enumerate(encoded):
+        answer, top_i, top_p = results[i]
+        seq = prompt + answer
+        mask = torch.zeros(len(seq), dtype=torch.bool)
+        mask[len(prompt) - 1:len(seq) - 1] = True  # position j predicts token j+1 = each answer token
+        full_i = torch.full((len(seq), topk), -1, dtype=torch.long)
+        full_p = torch.zeros(len(seq), topk)
+        full_i[len(prompt) - 1:len(seq) - 1] = top_i
+        full_p[len(prompt) - 1:len(seq) - 1] = top_p
+        ids.append(torch.tensor(seq))
+        masks.append(mask)
+        t_ids.append(full_i)
+        t_probs.append(full_p)
+        starts.append(starts[-1] + len(seq))
+    return FeatureSet(torch.cat(ids), torch.tensor(starts), torch.cat(masks), torch.cat(t_ids), torch.cat(t_probs),
+                      categories=categories or ["chat"] * len(prompts))

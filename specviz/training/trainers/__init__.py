@@ -1,0 +1,20 @@
+"""Trainer registry: ``kind`` (as typed after ``train``) → Trainer class. New drafter families add one line."""
+
+from __future__ import annotations
+
+from specviz.errors import SpecvizError
+from specviz.training.trainers.base import FeatureRequest, TrainConfig, Trainer, fit
+from specviz.training.trainers.draft_lm import DraftLMTrainer
+
+TRAINERS: dict[str, type[Trainer]] = {DraftLMTrainer.kind: DraftLMTrainer}
+
+
+def get_trainer(kind: str) -> type[Trainer]:
+    """The trainer class for ``kind``; a one-line error listing known kinds otherwise."""
+    try:
+        return TRAINERS[kind]
+    except KeyError:
+        raise SpecvizError(f"unknown drafter kind {kind!r}: known kinds are {', '.join(TRAINERS)}") from None
+
+
+__all__ = ["TRAINERS", "FeatureRequest", "TrainConfig", "Trainer", "fit", "get_trainer"]

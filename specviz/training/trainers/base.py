@@ -1,0 +1,136 @@
+"""The trainer interface every drafter family implements, and the one training loop they all share.
+
+A trainer says which target features it needs (layers, top-k), builds its student, computes a loss on a batch,
+predicts argmaxes for evaluation and saves a folder ``specviz.models.load_model`` (or its drafter adapter) loads.
+The loop owns the rest: AdamW, warmup + cosine schedule, gradient clipping, tqdm, checkpoints and resume.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specviz.training.batches import Batch, batch_stream
+from specviz.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from specviz.training.features import FeatureSet
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters common to every trainer."""
+
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    save_every: int = 50
+    log_every: int = 10
+    resume: bool = False
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FeatureRequest:
+    """What a trainer needs from the frozen target: ``layers`` (hidden_states indices; i = output of layer i-1)."""
+
+    layers: tuple[int, ...] = ()
+    topk: int = 8
+
+
+class Trainer(ABC):
+    """One drafter family's training recipe."""
+
+    kind: str = ""
+
+    def __init__(self, target, options: dict | None = None) -> None:
+        self.target = target
+        self.options = options or {}
+
+    def features(self) -> FeatureRequest:
+        """Target features this family trains on."""
+        return FeatureRequest()
+
+    @abstractmethod
+    def build_student(self) -> torch.nn.Module:
+        """A freshly initialised student (trainable)."""
+
+    @abstractmethod
+    def loss(self, student: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss on one batch and floats to log."""
+
+    @abstractmethod
+    def predict_argmax(self, student: torch.nn.Module, input_ids: torch.Tensor,
+                       hidden: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """Teacher-forced argmax at each position of ``input_ids`` [1, T] → [T] (what the drafter would propose)."""
+
+    @abstractmethod
+    def save_pretrained(self, student: torch.nn.Module, folder: Path, *, dtype: torch.dtype = torch.float32) -> None:
+        """Write a loadable folder (config + safetensors + tokenizer)."""
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warmup then cosine decay to ``min_lr_ratio × lr``."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = min(1.0, (step - config.warmup) / max(1, config.steps - config.warmup))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def fit(trainer: Trainer, student: torch.nn.Module, train: FeatureSet, config: TrainConfig, run_dir: Path,
+        *, log=print) -> dict:
+    """Train ``student`` for ``config.steps`` steps with checkpoints in ``run_dir/checkpoints``; return the log."""
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    student.to(config.device).train()
+    decay = [p for n, p in student.named_parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for n, p in student.named_parameters() if p.requires_grad and p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
+    ckpt_root = run_dir / "checkpoints"
+    start = 0
+    history: list[dict] = []
+    if config.resume and (found := latest_checkpoint(ckpt_root)) is not None:
+        state = load_checkpoint(found, student, optimizer)
+        start = state["step"]
+        history = state["extra"].get("history", [])
+        log(f"resumed from {found} at step {start}")
+    # the data order is a function of (seed, step) so a resumed run sees the same batches
+    stream = batch_stream(train, config.batch_size, config.seq_len, random.Random(config.seed))
+    for _ in range(start):
+        next(stream)
+    running: dict[str, float] = {}
+    began = time.perf_counter()
+    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc=f"train {trainer.kind}")
+    for step in bar:
+        batch = next(stream).to(config.device)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        loss, stats = trainer.loss(student, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), config.grad_clip)
+        optimizer.step()
+        for key, value in stats.items():
+            running[key] = 0.9 * running.get(key, value) + 0.1 * value
+        bar.set_postfix({k: f"{v:.3f}" for k, v in running.items()})
+        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+            entry = {"step": step + 1, "lr": lr_at(step, config), "seconds": time.perf_counter() - began, **stats}
+            history.append(entry)
+            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items()))
+        if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+            save_checkpoint(ckpt_root / f"step-{step + 1:06d}", step + 1, student, optimizer, {"history": history})
+    student.eval()
+    return {"history": history, "steps": config.steps}

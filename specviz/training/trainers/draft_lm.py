@@ -1,0 +1,119 @@
+"""``draft-lm``: an independent small Llama that shares the target's tokenizer, distilled from the target.
+
+The 49152-row embedding is most of a small drafter's size and of its per-token cost (the output head), so the
+hidden size is small (256 by default) with tied input/output embeddings, initialised from a PCA projection of the
+target's embedding matrix: the drafter starts from the target's token geometry instead of noise.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specviz.training.batches import Batch
+from specviz.training.losses import distill_loss
+from specviz.training.trainers.base import FeatureRequest, Trainer
+
+DEFAULTS = {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 4, "intermediate": 1024, "hard_weight": 0.5,
+            "softmax_sample": 0}
+
+
+def pca_embedding(embedding: torch.Tensor, dim: int) -> torch.Tensor:
+    """Project the target's [V, H] embedding onto its top-``dim`` principal directions (uncentred, so the common
+    direction that carries token frequency survives) → [V, dim]."""
+    weight = embedding.detach().float()
+    if dim >= weight.shape[1]:
+        return weight[:, :dim].clone()
+    gram = weight.T @ weight
+    _eigvals, eigvecs = torch.linalg.eigh(gram)  # ascending
+    basis = eigvecs[:, -dim:].flip(-1)
+    return weight @ basis
+
+
+def candidate_pool(top_ids: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+                   negatives: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled softmax: the batch's target top-k ids and labels plus ``negatives`` uniform random ids.
+
+    On CPU the 49152-way output head is ~3/4 of a step; scoring only the tokens the target considers (and a random
+    sample of the rest, so the others keep being pushed down) makes a step several times cheaper. Returns the pool
+    and the top-k ids / labels re-indexed into it (-1 stays -1). Evaluation always uses the full head.
+    """
+    random_ids = torch.randint(0, vocab_size, (negatives,), device=labels.device)
+    pool = torch.cat([top_ids[top_ids >= 0], labels, random_ids]).unique()
+    remap = torch.full((vocab_size,), -1, dtype=torch.long, device=labels.device)
+    remap[pool] = torch.arange(pool.numel(), device=labels.device)
+    top_local = torch.where(top_ids >= 0, remap[top_ids.clamp(min=0)], top_ids)
+    return pool, top_local, remap[labels]
+
+
+class DraftLMTrainer(Trainer):
+    """Distils a LlamaForCausalLM drafter from the target's top-k outputs."""
+
+    kind = "draft-lm"
+
+    def features(self) -> FeatureRequest:
+        return FeatureRequest(layers=(), topk=int(self.options.get("topk", 8)))
+
+    def student_config(self) -> LlamaConfig:
+        """A small Llama config with the target's vocabulary, special ids and RoPE settings."""
+        opts = {**DEFAULTS, **{k: v for k, v in self.options.items() if v is not None}}
+        tcfg = self.target.model.config
+        rope = getattr(tcfg, "rope_parameters", None) or {"rope_type": "default",
+                                                          "rope_theta": getattr(tcfg, "rope_theta", 10000.0)}
+        return LlamaConfig(
+            vocab_size=tcfg.vocab_size,
+            hidden_size=int(opts["hidden"]),
+            intermediate_size=int(opts["intermediate"]),
+            num_hidden_layers=int(opts["layers"]),
+            num_attention_heads=int(opts["heads"]),
+            num_key_value_heads=int(opts["kv_heads"]),
+            head_dim=int(opts["hidden"]) // int(opts["heads"]),
+            max_position_embeddings=getattr(tcfg, "max_position_embeddings", 2048),
+            rms_norm_eps=getattr(tcfg, "rms_norm_eps", 1e-5),
+            rope_parameters=dict(rope),
+            tie_word_embeddings=True,
+            bos_token_id=tcfg.bos_token_id,
+            eos_token_id=tcfg.eos_token_id,
+            pad_token_id=getattr(tcfg, "pad_token_id", None),
+        )
+
+    def build_student(self) -> LlamaForCausalLM:
+        config = self.student_config()
+        config._attn_implementation = "sdpa"
+        student = LlamaForCausalLM(config)
+        with torch.no_grad():
+            init = pca_embedding(self.target.model.get_input_embeddings().weight, config.hidden_size)
+            # match the default init's scale so the first steps are stable; directions come from the target
+            init = init / init.std() * config.initializer_range * 2
+            student.get_input_embeddings().weight.copy_(init)
+        student.tie_weights()
+        return student
+
+    def loss(self, student: LlamaForCausalLM, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        hidden = student.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        mask = batch.loss_mask
+        hidden, top_ids, labels = hidden[mask], batch.topk_ids[mask], batch.labels[mask]
+        hard_weight = float(self.options.get("hard_weight") or DEFAULTS["hard_weight"])
+        sample = int(self.options.get("softmax_sample") or 0)
+        if sample <= 0:  # logits only where there is something to learn: the output head is most of the cost
+            return distill_loss(student.lm_head(hidden), top_ids, batch.topk_probs[mask], labels,
+                                hard_weight=hard_weight)
+        pool, top_local, labels_local = candidate_pool(top_ids, labels, student.config.vocab_size, sample)
+        logits = hidden @ student.lm_head.weight[pool].T
+        return distill_loss(logits, top_local, batch.topk_probs[mask], labels_local, hard_weight=hard_weight)
+
+    @torch.no_grad()
+    def predict_argmax(self, student: LlamaForCausalLM, input_ids: torch.Tensor,
+                       hidden: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        device = next(student.parameters()).device
+        return student(input_ids=input_ids.to(device)).logits[0].argmax(-1).cpu()
+
+    def save_pretrained(self, student: LlamaForCausalLM, folder: Path, *, dtype: torch.dtype = torch.float32) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        copy_ = copy.deepcopy(student).to(device="cpu", dtype=dtype)
+        copy_.config.dtype = dtype
+        copy_.save_pretrained(str(folder))
+        self.target.tokenizer.save_pretrained(str(folder))

@@ -1,0 +1,117 @@
+"""Shipped examples: Spec-Bench prompts for the prompt picker and recorded traces for replay.
+
+``python -m specviz.ui.examples record`` re-records ``examples/traces/`` with the real default target and every
+drafter this project ships for it, as a chain and as a tree (same runner as the UI, so the traces carry the
+calibration baseline too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+from specviz.engine import trace
+from specviz.viz.record import RunRecord
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ROOT / "examples" / "prompts.jsonl"
+TRACES = ROOT / "examples" / "traces"
+DEFAULT_TRACE = "summarization-ngram-chain.jsonl"
+
+
+@lru_cache(maxsize=1)
+def prompts() -> list[dict]:
+    """Spec-Bench prompts: ``question_id``, ``category``, ``turns``."""
+    if not PROMPTS.is_file():
+        return []
+    return [json.loads(line) for line in PROMPTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def prompt_choices() -> list[tuple[str, str]]:
+    """(label, value) pairs for a dropdown; value is the question id as text."""
+    out = []
+    for row in prompts():
+        text = row["turns"][0].replace("\n", " ")
+        out.append((f"{row['category']} · {text[:60]}{'…' if len(text) > 60 else ''}", str(row["question_id"])))
+    return out
+
+
+def prompt_text(question_id: str | None) -> str:
+    for row in prompts():
+        if str(row["question_id"]) == str(question_id):
+            return row["turns"][0]
+    return ""
+
+
+def trace_choices() -> list[tuple[str, str]]:
+    """(label, file name) for every shipped trace, labelled from its header."""
+    out = []
+    for path in sorted(TRACES.glob("*.jsonl")):
+        try:
+            header = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+            drafter = (header.get("drafter") or {}).get("name", "plain")
+            budget = header.get("budget") or {}
+            shape = (f"tree w{budget.get('width')} d{budget.get('depth')} n{budget.get('max_nodes')}"
+                     if budget.get("tree") else f"chain k{budget.get('k')}")
+            category = header.get("example", {}).get("category") or path.stem.split("-")[0]
+            out.append((f"{category} · {drafter} · {shape} · {header['target']['name']}", path.name))
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return out
+
+
+def load_trace(name: str) -> RunRecord:
+    """A shipped trace as a fresh record (parsed per call: records are per-session, mutable objects)."""
+    path = TRACES / Path(name).name
+    return RunRecord.from_trace(trace.read(path), name=path.name)
+
+
+# ---- recording -----------------------------------------------------------------------------------------------
+def record(out_dir: Path, max_new_tokens: int, categories: list[str]) -> list[Path]:
+    from specviz.ui import runner
+    from specviz.ui.state import apply
+
+    by_category = {row["category"]: row for row in prompts()}
+    drafters = runner.drafter_choices("smollm2-135m")
+    drafters = [d for d in drafters if d == "ngram" or d.startswith("model:")]
+    written = []
+    for category in categories:
+        row = by_category[category]
+        for drafter in drafters:
+            for tree in (False, True):
+                request = runner.RunRequest(prompt=row["turns"][0], chat=True, drafter=drafter, tree=tree,
+                                            max_new_tokens=max_new_tokens)
+                request = replace(request, k=4, width=3, depth=4, max_nodes=16).validate()
+                rec = RunRecord(header={})
+                for event in runner.stream(request):
+                    apply(rec, event)
+                rec.header["example"] = {"category": category, "question_id": row["question_id"],
+                                         "source": "Spec-Bench, Apache-2.0, hemingkx/Spec-Bench"}
+                name = f"{category}-{drafter.replace('model:', '').replace(':', '')}-{'tree' if tree else 'chain'}"
+                path = out_dir / f"{name}.jsonl"
+                path.write_text(rec.to_trace(), encoding="utf-8")
+                m = rec.metrics()
+                print(f"{path.name}: {m.rounds} rounds, tau {m.tau:.2f}, {rec.tokens_per_s:.1f} tok/s, "
+                      f"speedup x{rec.speedup() or 0:.2f}")
+                written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specviz.ui.examples")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="record example traces with the default target")
+    rec.add_argument("--out", type=Path, default=TRACES)
+    rec.add_argument("--max-new-tokens", type=int, default=64)
+    rec.add_argument("--categories", default="summarization,coding")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    record(args.out, args.max_new_tokens, [c.strip() for c in args.categories.split(",") if c.strip()])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

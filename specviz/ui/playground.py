@@ -1,0 +1,204 @@
+"""Playground tab: Run (streamed), Step (one round per click), Stop, and the full plain-decoding comparison.
+
+Callbacks take the session's ``Session`` from ``gr.State`` and return ``RunView`` updates; all model work goes
+through ``runner`` (on the session's engine thread for Run, inline for Step).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import gradio as gr
+
+from specviz.errors import SpecvizError
+from specviz.ui import runner, settings, streaming, zerogpu
+from specviz.ui.state import Session, apply, one_line
+from specviz.ui.views import RunView
+from specviz.viz.record import RunRecord
+
+log = logging.getLogger("specviz.ui")
+INTRO = ("Showing a recorded example run (no model loaded yet). Press Run for a live run of the real model, or "
+         "Step to advance one round at a time.")
+
+
+@dataclass
+class Playground:
+    settings: settings.Settings
+    view: RunView
+    run: gr.Button
+    step: gr.Button
+    stop: gr.Button
+    measure: gr.Button
+    run_event: object = None
+    step_event: object = None
+
+
+def _request(values) -> runner.RunRequest:
+    try:
+        return settings.request(*values)
+    except SpecvizError as error:
+        raise gr.Error(str(error), print_exception=False) from None
+
+
+def build(session: gr.State, download: gr.DownloadButton) -> Playground:
+    with gr.Row():
+        with gr.Column(scale=4, min_width=320):
+            panel = settings.Settings.build()
+            with gr.Row():
+                run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                step_btn = gr.Button("Step", elem_id="step")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+            measure_btn = gr.Button("Measure plain decoding of this prompt (full side-by-side run)",
+                                    size="sm", elem_id="measure-plain")
+        with gr.Column(scale=7):
+            view = RunView.build(intro="Press Run.")
+    page = Playground(panel, view, run_btn, step_btn, stop_btn, measure_btn)
+    outputs = [*view.outputs, download]
+
+    def run(state: Session, *values):
+        request = _request(values)
+        previous, record = state.record, RunRecord(header={}, source="live")
+        state.record = record
+        producer = state.start(record, lambda: runner.stream(request))
+        yield view.render(record, status=streaming.live_status(producer, request, record), running=True)
+        for heavy in streaming.watch(producer, state):
+            yield view.render(record, status=streaming.live_status(producer, request, record), heavy=heavy,
+                              running=True)
+        if streaming.superseded(producer, state):
+            return
+        if producer.error is not None:
+            message = one_line(producer.error)
+            if record.rounds:
+                yield view.render(record, status=f"Stopped by an error: {message}", level="error")
+            elif previous is not None:  # nothing ran: keep showing what was there before
+                state.record = previous
+                yield view.render(previous, status=f"The run did not start: {message}", level="error")
+            raise gr.Error(message, print_exception=False)
+        stopped = record.summary is None
+        if stopped:
+            record.stop_reason = "stopped"
+            record.summary = record.trace_summary()
+        message, level = streaming.final_status(record, stopped=stopped)
+        yield {**view.render(record, status=message, level=level), download: _download(state, record)}
+
+    def step(state: Session, *values):
+        request = _request(values)
+        if state.busy:
+            raise gr.Error("A run is in progress: press Stop first.", print_exception=False)
+        record = previous = state.record
+        fresh = (state.stepper is None or state.step_request != request or record is None
+                 or record.source != "step" or record.finished)
+        if fresh:
+            state.close_stepper()
+            record = RunRecord(header={}, source="step")
+            state.record = record
+            events = runner.stream(request)
+            state.stepper, state.step_request = events, request
+            loading = (f"Loading {request.target}, then calibrating plain decoding…"
+                       if not runner.is_loaded(request.target) else "Preparing the first round…")
+            yield view.render(record, status=loading, running=True)
+            if zerogpu.on_zero_gpu():  # a ZeroGPU worker cannot be held between clicks: run once, reveal per Step
+                state.stepper = iter(_buffered(events))
+        try:
+            for event in state.stepper:
+                apply(record, event)
+                if isinstance(event, (runner.RoundDone, runner.Finished)):
+                    break
+        except Exception as error:
+            state.close_stepper()
+            message = one_line(error)
+            if not record.rounds and previous is not None and previous is not record:
+                state.record = previous
+                yield view.render(previous, status=f"The run did not start: {message}", level="error")
+            raise gr.Error(message, print_exception=False) from None
+        if record.finished:
+            state.close_stepper()
+            message, level = streaming.final_status(record)
+            yield {**view.render(record, status="Step mode: " + message, level=level),
+                   download: _download(state, record)}
+            return
+        n = len(record.rounds)
+        yield view.render(record, status=f"Step mode: round {n - 1} done ({record.new_tokens} tokens). Press Step "
+                                         "for the next round, Run to go on at full speed.")
+
+    def stop(state: Session):
+        was_running = state.stop()
+        record = state.record
+        if record is None or record.source == "trace":
+            gr.Info("Nothing is running.")
+            return {}
+        if not record.finished and record.source == "live":
+            record.stop_reason = "stopped"
+            record.summary = record.trace_summary()
+        if record.source == "step" and state.stepper is not None:
+            state.close_stepper()
+            if not record.finished:
+                record.stop_reason = "stopped"
+                record.summary = record.trace_summary()
+        if not was_running and record.source == "live":
+            gr.Info("Nothing is running.")
+        message, level = streaming.final_status(record, stopped=record.stop_reason == "stopped")
+        updates = view.render(record, status=message, level=level)
+        if record.rounds:
+            updates[download] = _download(state, record)
+        return updates
+
+    def measure(state: Session, *values):
+        record = state.record
+        if record is None or not record.rounds or record.source == "trace":
+            raise gr.Error("Run a live generation first: the plain run must use the same prompt and settings.",
+                           print_exception=False)
+        if state.busy:
+            raise gr.Error("A run is in progress: wait for it or press Stop.", print_exception=False)
+        request = _request(values)
+        recorded = runner.RunRequest(**{**request.to_dict(), **_recorded_settings(record)})
+        yield {view.status: _status(f"Plain decoding of the same prompt ({recorded.max_new_tokens} new tokens, "
+                                    "same sampler and clock)…")}
+        try:
+            record.plain = runner.plain_run(recorded)
+        except Exception as error:
+            raise gr.Error(one_line(error), print_exception=False) from None
+        message, level = streaming.final_status(record, stopped=record.stop_reason == "stopped")
+        yield {**view.render(record, status=message, level=level), download: _download(state, record)}
+
+    page.run_event = run_btn.click(run, [session, *panel.inputs], outputs, concurrency_id="model",
+                                   show_progress="hidden", api_name="run")
+    page.step_event = step_btn.click(step, [session, *panel.inputs], outputs, concurrency_id="model",
+                                     show_progress="hidden", api_name="step")
+    stop_btn.click(stop, [session], outputs, cancels=[page.run_event], queue=False, api_name="stop")
+    measure_btn.click(measure, [session, *panel.inputs], outputs, concurrency_id="model", show_progress="hidden",
+                      api_name="measure_plain")
+    view.round_slider.input(lambda s, i: view.render_round(s.record, i), [session, view.round_slider],
+                            view.round_outputs, trigger_mode="always_last", show_progress="hidden", queue=False)
+    return page
+
+
+def _recorded_settings(record: RunRecord) -> dict:
+    """Prompt and sampling exactly as the record ran them (the panel may have changed since)."""
+    config = record.header.get("config") or {}
+    prompt = (record.header.get("prompt") or {}).get("text")
+    out = {"max_new_tokens": int(config.get("max_new_tokens", 64)), "seed": config.get("seed") or 0,
+           "temperature": float(config.get("temperature", 0.0)), "top_p": float(config.get("top_p", 1.0)),
+           "chat": bool(config.get("chat", True)), "target": record.target_name}
+    if prompt:
+        out["prompt"] = prompt
+    return out
+
+
+def _buffered(events) -> list:
+    return list(events)
+
+
+def _status(message: str, level: str = "info") -> str:
+    from specviz.viz.panels import status_html
+
+    return status_html(message, level)
+
+
+def _download(state: Session, record: RunRecord):
+    try:
+        return gr.DownloadButton(value=state.trace_file(record, "playground"), interactive=True)
+    except OSError as error:
+        log.warning("could not write the trace: %s", error)
+        return gr.skip()

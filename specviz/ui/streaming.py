@@ -1,0 +1,78 @@
+"""Following a running generation from a Gradio generator callback: when to redraw, and what the status says.
+
+The engine runs on the ``Producer`` thread, so redrawing never delays a round; the only cost of streaming is CPU
+time spent rendering and sending. ``watch`` keeps that small: light panels (tree, text, numbers) at most every
+``light_s``, heavy charts every ``heavy_s``, and one full render at the end (``specviz/ui/perf.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+from specviz.ui import runner
+from specviz.ui.state import Producer, Session
+from specviz.viz.panels import run_label
+from specviz.viz.record import RunRecord
+
+LIGHT_S = float(os.environ.get("SPECVIZ_LIGHT_S", "0.3"))  # tree, text, numbers: at most ~3 updates a second
+HEAVY_S = float(os.environ.get("SPECVIZ_HEAVY_S", "2.0"))  # charts and warnings
+TICK_S = 1.0  # status refresh while nothing changes (model loading)
+
+
+def watch(producer: Producer, session: Session, *, light_s: float = LIGHT_S,
+          heavy_s: float = HEAVY_S) -> Iterator[bool]:
+    """Yield ``heavy`` (True when charts are due) each time a redraw is due; return when done, stopped, or when a
+    newer run of the same session replaced this one (``superseded``)."""
+    last_light = last_heavy = last_tick = time.perf_counter()
+    pending = False
+    while producer.alive:
+        now = time.perf_counter()
+        due = (last_light + light_s) if pending else (last_tick + TICK_S)
+        pending = producer.wait(max(0.0, due - now)) or pending
+        if session.stopped.is_set() or producer.stop_requested.is_set() or superseded(producer, session):
+            return
+        now = time.perf_counter()
+        if (pending and now - last_light >= light_s) or now - last_tick >= TICK_S:
+            heavy = now - last_heavy >= heavy_s
+            last_light = last_tick = now
+            if heavy:
+                last_heavy = now
+            pending = False
+            yield heavy
+
+
+def superseded(producer: Producer, session: Session) -> bool:
+    """True when the session has started another run since ``producer`` (its callback must not draw any more)."""
+    return session.producer is not producer
+
+
+def live_status(producer: Producer, request: runner.RunRequest, record: RunRecord) -> str:
+    """What the page says while a run is in flight, including model-loading progress."""
+    waited = time.perf_counter() - producer.started
+    if producer.phase == "starting":
+        if runner.is_loaded(request.target):
+            return f"Preparing {request.target} and the {request.drafter} drafter… {waited:.1f} s"
+        return (f"Loading target {request.target}… {waited:.1f} s (the first load reads the weights; "
+                "later runs reuse them)")
+    if producer.phase == "loaded":
+        return (f"Calibrating plain decoding of {request.target}: {runner.CALIBRATION_TOKENS} tokens, timed like the "
+                "run, cached per target/device/settings… " + f"{waited:.1f} s")
+    return f"Generating · {run_label(record)} · {len(record.rounds)} rounds · {record.new_tokens} tokens"
+
+
+def final_status(record: RunRecord, *, stopped: bool = False) -> tuple[str, str]:
+    """(message, level) once a run has ended."""
+    if not record.rounds:
+        return ("Stopped before the first round." if stopped else "No rounds were produced."), "warning"
+    m = record.metrics()
+    speedup = record.speedup()
+    tail = f" · measured speedup ×{speedup:.2f}" if speedup else ""
+    if stopped:
+        return (f"Stopped by you after {m.rounds} rounds ({m.new_tokens} tokens) · τ {m.tau:.2f}{tail}. "
+                "Everything so far stays inspectable; download the trace in the Traces tab."), "warning"
+    reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached"}.get(record.stop_reason,
+                                                                                       record.stop_reason or "done")
+    return (f"Done ({reason}) · {run_label(record)} · {m.rounds} rounds, {m.new_tokens} tokens · τ {m.tau:.2f}"
+            f"{tail}"), "ok"

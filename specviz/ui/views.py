@@ -1,0 +1,113 @@
+"""``RunView``: the panel group that shows one run (tree, round picker, text, metrics, speedup, charts, warnings).
+
+Built twice — in the Playground for live runs, in the Traces tab for replays — from the same code, so a replayed
+trace looks exactly like the live run it recorded. ``render`` only reads a ``RunRecord``; it never calls a model.
+Heavy charts can be skipped on a streamed update (``heavy=False``) and are always drawn on the final one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import gradio as gr
+from gradio.components.plot import PlotData
+
+from specviz.viz import charts, diagnostics, panels
+from specviz.viz.record import RunRecord
+from specviz.viz.tokens import tokens_html
+from specviz.viz.tree_figure import tree_spec
+
+
+def plot(spec: dict) -> PlotData:
+    """A plotly figure spec as ``gr.Plot`` data, serialised once with ``json`` (skips plotly's validation pass,
+    which costs more than building the figure; see specviz/ui/perf.py)."""
+    return PlotData(type="plotly", plot=json.dumps(spec))
+
+
+def root_text(record: RunRecord, index: int) -> str | None:
+    """The last token committed before round ``index`` (the tree's root)."""
+    if index > 0:
+        previous = record.rounds[index - 1].committed_text
+        return previous[-1] if previous else None
+    pieces = record.prompt_pieces
+    return pieces[-1] if pieces else None
+
+
+@dataclass
+class RunView:
+    status: gr.HTML
+    speedup: gr.HTML
+    tree: gr.Plot
+    round_slider: gr.Slider
+    round_info: gr.HTML
+    tokens: gr.HTML
+    metrics: gr.HTML
+    charts: gr.Plot
+    warnings: gr.HTML
+
+    @classmethod
+    def build(cls, prefix: str = "", *, intro: str = "") -> RunView:
+        """Lay the panels out in the current Blocks context; ``prefix`` keeps elem_ids unique per instance."""
+        status = gr.HTML(panels.status_html(intro or "Press Run."), elem_id=f"{prefix}status")
+        speedup = gr.HTML(panels.speedup_html(None), elem_id=f"{prefix}speedup")
+        tree = gr.Plot(plot(tree_spec(None)), label="draft tree of the round", elem_id=f"{prefix}tree-plot")
+        with gr.Row():
+            round_slider = gr.Slider(0, 1, value=0, step=1, label="round", elem_id=f"{prefix}round-slider",
+                                     scale=1, interactive=True)
+            round_info = gr.HTML(panels.round_info_html(None), elem_id=f"{prefix}round-info")
+        tokens = gr.HTML(tokens_html(None, []), label="text so far", elem_id=f"{prefix}tokens")
+        metrics = gr.HTML(panels.metrics_html(None), elem_id=f"{prefix}metrics")
+        with gr.Accordion("Formulas (how every number is defined)", open=False, elem_id=f"{prefix}formulas"):
+            gr.Markdown(panels.formulas_markdown())
+        charts_plot = gr.Plot(label="acceptance, time and speed", show_label=False, elem_id=f"{prefix}charts")
+        warnings = gr.HTML("", elem_id=f"{prefix}warnings")
+        return cls(status, speedup, tree, round_slider, round_info, tokens, metrics, charts_plot, warnings)
+
+    @property
+    def outputs(self) -> list:
+        return [self.status, self.speedup, self.tree, self.round_slider, self.round_info, self.tokens, self.metrics,
+                self.charts, self.warnings]
+
+    @property
+    def round_outputs(self) -> list:
+        return [self.tree, self.round_info, self.tokens]
+
+    def render(self, record: RunRecord | None, *, status: str | None = None, level: str = "info",
+               heavy: bool = True, running: bool = False, index: int | None = None) -> dict:
+        """Updates for every panel (charts and warnings only when ``heavy``)."""
+        updates: dict = {}
+        if status is not None:
+            updates[self.status] = panels.status_html(status, level)
+        if record is None:
+            return updates
+        count = len(record.rounds)
+        index = count - 1 if index is None else max(0, min(index, count - 1))
+        updates[self.round_slider] = gr.update(minimum=0, maximum=max(count - 1, 1), value=max(index, 0), step=1)
+        updates.update(self.render_round(record, index, running=running))
+        updates[self.speedup] = panels.speedup_html(record)
+        updates[self.metrics] = panels.metrics_html(record)
+        if heavy:
+            updates[self.charts] = self.charts_figure(record)
+            updates[self.warnings] = diagnostics.diagnostics_html(diagnostics.diagnose(record)) if count else ""
+        return updates
+
+    def render_round(self, record: RunRecord | None, index: int, *, running: bool = False) -> dict:
+        """The tree, round summary and text for round ``index`` (the text highlights that round)."""
+        if record is None or not record.rounds:
+            return {self.tree: plot(tree_spec(None)), self.round_info: panels.round_info_html(None),
+                    self.tokens: tokens_html(record.prompt_pieces if record else None, [], caret=running)}
+        index = max(0, min(int(index), len(record.rounds) - 1))
+        round_ = record.rounds[index]
+        return {
+            self.tree: plot(tree_spec(round_, root_text=root_text(record, index))),
+            self.round_info: panels.round_info_html(round_, len(record.rounds)),
+            self.tokens: tokens_html(record.prompt_pieces, record.rounds, selected=index, caret=running),
+        }
+
+    @staticmethod
+    def charts_figure(record: RunRecord):
+        plain, _, decode_only = record.baseline()
+        clock = [t - record.prefill_ms / 1e3 for t in record.elapsed] if decode_only else record.elapsed
+        return plot(charts.run_charts_spec(record.metrics(), record.rounds, plain_tokens_per_s=plain,
+                                           elapsed_s=clock))

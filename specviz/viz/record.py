@@ -1,0 +1,176 @@
+"""``RunRecord``: what the views render — a trace's header, its rounds so far, and the measured baselines.
+
+A live run fills it round by round; a replay builds it from a trace file. Either way the views see the same
+object, which is how replay reproduces every panel without a model. Wall time after round i is recomputed from
+the rounds themselves (prefill + Σ draft/verify/other ms, exactly how ``Generation`` accumulates ``elapsed_s``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from specviz.engine import metrics, trace
+from specviz.engine.metrics import Metrics
+from specviz.engine.round import Round
+
+
+@dataclass
+class RunRecord:
+    header: dict
+    rounds: list[Round] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    summary: dict | None = None  # set once the run has finished (or was stopped)
+    stop_reason: str = ""
+    calibration: dict | None = None  # short plain decode: {"tokens_per_s", "new_tokens", "key"}
+    plain: dict | None = None  # full plain run on the same prompt: {"tokens_per_s", "token_ids", "elapsed_s"}
+    source: str = "live"  # "live", "step" or "trace"
+    name: str = ""  # trace file name, or a short description of a live run
+    _metrics: tuple[tuple[int, bool], Metrics] | None = field(default=None, repr=False)
+
+    # ---- derived -------------------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def elapsed(self) -> list[float]:
+        """Generation wall time (s) after each round."""
+        return [(self.prefill_ms + ms) / 1e3 for ms in accumulate(r.total_ms for r in self.rounds)]
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.summary and isinstance(self.summary.get("elapsed_s"), (int, float)):
+            return float(self.summary["elapsed_s"])
+        return (self.prefill_ms + sum(r.total_ms for r in self.rounds)) / 1e3
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for r in self.rounds for t in r.committed]
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(r.committed) for r in self.rounds)
+
+    @property
+    def text(self) -> str:
+        if self.summary and "text" in self.summary:
+            return self.summary["text"]
+        return "".join(t for r in self.rounds for t in r.committed_text)
+
+    @property
+    def tokens_per_s(self) -> float:
+        elapsed = self.elapsed_s
+        return self.new_tokens / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def prompt_pieces(self) -> list[str]:
+        return list((self.header.get("prompt") or {}).get("pieces") or [])
+
+    @property
+    def drafter_name(self) -> str:
+        drafter = self.header.get("drafter")
+        return drafter.get("name", "?") if isinstance(drafter, dict) else "none (plain decoding)"
+
+    @property
+    def budget_text(self) -> str:
+        budget = self.header.get("budget") or {}
+        if not budget:
+            return "—"
+        if budget.get("tree"):
+            return f"tree w={budget.get('width')} d={budget.get('depth')} n≤{budget.get('max_nodes')}"
+        return f"chain k={budget.get('k')}"
+
+    @property
+    def target_name(self) -> str:
+        return str((self.header.get("target") or {}).get("name", "?"))
+
+    @property
+    def greedy(self) -> bool:
+        return float((self.header.get("config") or {}).get("temperature", 0.0)) < 1e-5
+
+    def showcase_index(self) -> int:
+        """The most instructive round to open on: both accepted and rejected drafts, then the biggest tree."""
+        def score(r: Round) -> tuple:
+            rejected = len(r.tokens) > len(r.accepted)
+            return (bool(r.accepted) and rejected, len(r.accepted), len(r.tokens), -r.index)
+
+        return max(self.rounds, key=score).index if self.rounds else 0
+
+    def metrics(self) -> Metrics:
+        """Metrics over the rounds so far (cached per round count: streamed panels ask often)."""
+        key = (len(self.rounds), self.finished)
+        if self._metrics is None or self._metrics[0] != key:
+            self._metrics = (key, metrics.compute(self.rounds, self.elapsed_s))
+        return self._metrics[1]
+
+    @property
+    def decode_s(self) -> float:
+        """Wall time of the rounds alone (prefill excluded)."""
+        return sum(r.total_ms for r in self.rounds) / 1e3
+
+    def rate(self, decode_only: bool = False) -> float:
+        """Tokens/s over the whole generation (``metrics.FORMULAS['tokens_per_s']``) or over the rounds only."""
+        elapsed = self.decode_s if decode_only else self.elapsed_s
+        return self.new_tokens / elapsed if elapsed > 0 else 0.0
+
+    def baseline(self) -> tuple[float | None, str, bool]:
+        """Plain-decoding tokens/s to compare against, where it came from, and whether it is decode-phase only.
+
+        A full plain run of this prompt (same length, prefill included on both sides) beats the cached short
+        calibration. The calibration is compared on the decode phase only: its 32 tokens and this run's N tokens
+        amortise the same prefill differently, and the prefill is identical work for both methods.
+        """
+        if self.plain and self.plain.get("tokens_per_s"):
+            return float(self.plain["tokens_per_s"]), "plain decoding of this prompt (full run)", False
+        calibration = self.calibration or {}
+        n = calibration.get("new_tokens", "?")
+        if calibration.get("decode_tokens_per_s"):
+            return (float(calibration["decode_tokens_per_s"]),
+                    f"calibration: {n}-token plain decode of this prompt length, cached; decode phase of both "
+                    "(prefill is the same work either way)", True)
+        if calibration.get("tokens_per_s"):
+            return float(calibration["tokens_per_s"]), f"calibration: {n}-token plain decode, cached", False
+        return None, "no plain-decoding measurement yet", False
+
+    def speedup(self) -> float | None:
+        plain, _, decode_only = self.baseline()
+        return metrics.speedup(self.rate(decode_only), plain) if plain else None
+
+    # ---- trace ---------------------------------------------------------------------------------------------
+    def trace_summary(self) -> dict:
+        """The summary line, shaped like ``api.summary_for`` plus the baselines this UI measured."""
+        summary = dict(self.summary or {})
+        summary.setdefault("token_ids", self.token_ids)
+        summary.setdefault("text", self.text)
+        summary.setdefault("stop_reason", self.stop_reason or "stopped")
+        summary.setdefault("elapsed_s", self.elapsed_s)
+        summary.setdefault("prefill_ms", self.prefill_ms)
+        summary["metrics"] = metrics.compute(self.rounds, self.elapsed_s).to_dict()
+        if self.calibration:
+            summary["calibration"] = self.calibration
+        if self.plain:
+            summary["baseline"] = {k: self.plain[k] for k in ("token_ids", "tokens_per_s", "elapsed_s")
+                                   if k in self.plain}
+            summary["speedup"] = self.speedup()
+        return summary
+
+    def to_trace(self) -> str:
+        return trace.dumps(self.header, self.rounds, self.trace_summary())
+
+    @classmethod
+    def from_trace(cls, loaded: trace.Trace, name: str = "") -> RunRecord:
+        summary = loaded.summary or None
+        if summary is not None:
+            summary = {k: v for k, v in summary.items() if k != "type"}
+        record = cls(header=loaded.header, rounds=list(loaded.rounds), summary=summary, source="trace", name=name)
+        if summary:
+            record.prefill_ms = float(summary.get("prefill_ms", 0.0) or 0.0)
+            record.stop_reason = str(summary.get("stop_reason", ""))
+            record.calibration = summary.get("calibration")
+            baseline = summary.get("baseline")
+            if isinstance(baseline, dict) and baseline.get("tokens_per_s"):
+                record.plain = baseline
+        else:
+            record.summary = {"stop_reason": "trace has no summary line"}
+        return record

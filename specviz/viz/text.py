@@ -1,0 +1,49 @@
+"""Token text made visible and safe: whitespace glyphs, HTML escaping, length caps.
+
+Token text is untrusted (a model can emit ``<script>``; a prompt can hold ``<img onerror=...>``), so every view
+escapes it here before it reaches HTML or plotly (plotly renders a subset of HTML in labels and hover text).
+"""
+
+from __future__ import annotations
+
+import html
+
+SPACE, NEWLINE, TAB, EMPTY = "␣", "↵", "→", "∅"
+
+
+def visible(text: str) -> str:
+    """Plain text with whitespace shown as glyphs (for labels where real whitespace would vanish)."""
+    if text == "":
+        return EMPTY
+    return text.replace(" ", SPACE).replace("\n", NEWLINE).replace("\t", TAB).replace("\r", "␍")
+
+
+def escape(text: str) -> str:
+    """HTML-escape, including quotes and ``$`` (some templates interpolate ``${...}``)."""
+    return html.escape(text, quote=True).replace("$", "&#36;")
+
+
+def label(text: str, limit: int = 14) -> str:
+    """Short, escaped, whitespace-visible label for a figure."""
+    shown = visible(text)
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return escape(shown)
+
+
+def html_token(text: str) -> str:
+    """Escaped HTML for a token inside a ``white-space: pre-wrap`` block: glyphs mark spaces and line breaks."""
+    if text == "":
+        return f'<span class="sv-ws">{EMPTY}</span>'
+    # escape() never emits spaces, tabs or newlines, so replacing them afterwards cannot break an entity.
+    return (escape(text).replace(" ", f'<span class="sv-ws">{SPACE}</span><wbr>')
+            .replace("\t", f'<span class="sv-ws">{TAB}</span>')
+            .replace("\n", f'<span class="sv-ws">{NEWLINE}</span>\n'))
+
+
+def fmt_prob(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value != 0 and abs(value) < 1e-3:
+        return f"{value:.1e}"
+    return f"{value:.3f}"

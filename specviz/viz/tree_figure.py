@@ -1,0 +1,210 @@
+"""The draft tree of one round: networkx lays it out, plotly draws it, coloured by what the target did.
+
+Depth runs left to right (token labels are wide, trees are shallow); siblings stack top to bottom in draft order.
+The correction or bonus token is its own node, hanging off the last accepted node, so the committed path reads
+root → accepted … → extra along the highlighted edges. A chain is the same picture with one child per node.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from specviz.engine.round import Round
+from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
+from specviz.viz.text import escape, fmt_prob, label, visible
+
+ROOT, EXTRA = "root", "extra"
+ROOT_COLOR = "#444444"
+EDGE_COLOR = "#c8c8c8"
+LEGEND_ORDER = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.UNREACHED, Outcome.CORRECTION, Outcome.BONUS)
+
+
+def tree_graph(round_: Round) -> nx.DiGraph:
+    """Root, draft nodes 0..n-1 and the extra token, with edges parent → child in draft order."""
+    graph = nx.DiGraph()
+    graph.add_node(ROOT)
+    for node, parent in enumerate(round_.parents):
+        graph.add_edge(ROOT if parent < 0 else parent, node)
+    graph.add_edge(round_.accepted[-1] if round_.accepted else ROOT, EXTRA)
+    return graph
+
+
+def tree_layout(round_: Round) -> tuple[nx.DiGraph, dict]:
+    """A tidy layout: x = depth, leaves on consecutive rows (depth-first order), a parent centred on its children."""
+    graph = tree_graph(round_)
+    depth = nx.shortest_path_length(graph, ROOT)
+    pos: dict = {}
+    next_row = 0
+    for node in nx.dfs_postorder_nodes(graph, ROOT):
+        children = list(graph.successors(node))
+        if children:
+            y = (pos[children[0]][1] + pos[children[-1]][1]) / 2
+        else:
+            y, next_row = float(next_row), next_row + 1
+        pos[node] = (float(depth[node]), y)
+    return graph, pos
+
+
+def _target_p(round_: Round, row: int, token: int) -> float | None:
+    """The target's probability of ``token`` at a verified row, if it is in the recorded top-k."""
+    if row < len(round_.target_top):
+        for choice in round_.target_top[row]:
+            if choice.id == token:
+                return choice.p
+    return None
+
+
+def _node_hover(round_: Round, node: int, outcome: Outcome) -> str:
+    p = round_.p_target[node] if node < len(round_.p_target) else None
+    q = round_.q_draft[node] if round_.q_draft is not None else None
+    lines = [
+        f"<b>node {node}</b> · depth {round_.depth[node]} · {OUTCOME_LABELS[outcome]}",
+        f"token {escape(repr(round_.text[node]) if node < len(round_.text) else '?')} (id {round_.tokens[node]})",
+    ]
+    if q is None:
+        lines.append(f"q_draft — (deterministic draft: q = 1) · p_target {fmt_prob(p)}")
+        lines.append(f"min(1, p/q) = {fmt_prob(p)}")
+    else:
+        ratio = None if p is None else (1.0 if q <= 0 else min(1.0, p / q))
+        lines.append(f"q_draft {fmt_prob(q)} · p_target {fmt_prob(p)}")
+        lines.append(f"min(1, p/q) = {fmt_prob(ratio)}")
+    if round_.confidence is not None:
+        lines.append(f"confidence {fmt_prob(round_.confidence[node])}")
+    row = node + 1
+    if row < len(round_.target_entropy):
+        lines.append(f"target entropy after it {round_.target_entropy[row]:.2f} nats")
+    return "<br>".join(lines)
+
+
+def _extra_hover(round_: Round) -> str:
+    parent = round_.accepted[-1] if round_.accepted else -1
+    p = _target_p(round_, parent + 1, round_.extra_token)
+    kind = round_.extra_kind
+    why = ("every draft child here was rejected; the target's own token replaces them" if kind == "correction"
+           else "the walk reached a leaf: the target's next token comes free")
+    lines = [f"<b>{kind}</b> token {escape(repr(round_.extra_text))} (id {round_.extra_token})",
+             f"p_target {fmt_prob(p)}", escape(why)]
+    if kind == "correction" and round_.residual_top:
+        lines.append("drawn from the residual norm(max(0, p − q))")
+    if round_.extra_token not in round_.committed[len(round_.accepted):]:
+        lines.append("not committed (generation ended first)")
+    return "<br>".join(lines)
+
+
+def _root_hover(round_: Round, root_text: str | None) -> str:
+    lines = [f"<b>round {round_.index}</b> · rule {escape(round_.rule)}" + ("" if round_.lossless else " (LOSSY)"),
+             f"drafted {len(round_.tokens)} · accepted {len(round_.accepted)} · committed {len(round_.committed)}",
+             f"draft {round_.draft_ms:.1f} ms · verify {round_.verify_ms:.1f} ms · other {round_.other_ms:.1f} ms"]
+    if root_text is not None:
+        lines.insert(1, f"last committed token {escape(repr(root_text))}")
+    return "<br>".join(lines)
+
+
+def tree_figure(round_: Round | None, *, root_text: str | None = None, selected: int | str | None = None,
+                title: str | None = None, height: int | None = None) -> go.Figure:
+    """Plotly figure of one round's draft tree. ``selected`` (a node index or ``"extra"``) gets a ring."""
+    spec = tree_spec(round_, root_text=root_text, selected=selected, title=title, height=height)
+    return go.Figure(spec, skip_invalid=True)
+
+
+def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: int | str | None = None,
+              title: str | None = None, height: int | None = None) -> dict:
+    """The same figure as a plain plotly JSON dict (what a streamed update sends; no validation pass)."""
+    if round_ is None:
+        return empty_spec(title or "no round yet")
+    graph, pos = tree_layout(round_)
+    outcomes = node_outcomes(round_)
+    kind_of = {node: outcome for node, outcome in enumerate(outcomes)}
+    kind_of[EXTRA] = Outcome(round_.extra_kind)
+    path_nodes = {ROOT, *round_.accepted, EXTRA}
+
+    edges_x: list = []
+    edges_y: list = []
+    faint_x: list = []
+    faint_y: list = []
+    path_x: list = []
+    path_y: list = []
+    for parent, child in graph.edges:
+        (x0, y0), (x1, y1) = pos[parent], pos[child]
+        if parent in path_nodes and child in path_nodes:
+            path_x += [x0, x1, None]
+            path_y += [y0, y1, None]
+        elif kind_of.get(child) is Outcome.UNREACHED:
+            faint_x += [x0, x1, None]
+            faint_y += [y0, y1, None]
+        else:
+            edges_x += [x0, x1, None]
+            edges_y += [y0, y1, None]
+    traces: list[dict] = [
+        dict(type="scatter", x=edges_x, y=edges_y, mode="lines", hoverinfo="skip", showlegend=False,
+             line=dict(color=EDGE_COLOR, width=1.5)),
+        dict(type="scatter", x=faint_x, y=faint_y, mode="lines", hoverinfo="skip", showlegend=False,
+             line=dict(color=EDGE_COLOR, width=1, dash="dot")),
+        dict(type="scatter", x=path_x, y=path_y, mode="lines", hoverinfo="skip", name="accepted path",
+             line=dict(color=OUTCOME_COLORS[Outcome.ACCEPTED], width=4)),
+    ]
+    root_label = label(root_text) if root_text is not None else "▶"
+    x, y = pos[ROOT]
+    traces.append(dict(type="scatter", x=[x], y=[y], mode="markers+text", text=[root_label],
+                       textposition="middle left", hovertext=[_root_hover(round_, root_text)], hoverinfo="text",
+                       name="context", showlegend=False,
+                       marker=dict(size=14, color=ROOT_COLOR, symbol="diamond")))
+    for outcome in LEGEND_ORDER:
+        members = [n for n, kind in kind_of.items() if kind is outcome]
+        texts, hovers = [], []
+        for node in members:
+            if node == EXTRA:
+                texts.append(label(round_.extra_text))
+                hovers.append(_extra_hover(round_))
+            else:
+                texts.append(label(round_.text[node] if node < len(round_.text) else str(round_.tokens[node])))
+                hovers.append(_node_hover(round_, node, outcome))
+        traces.append(dict(
+            type="scatter", x=[pos[n][0] for n in members], y=[pos[n][1] for n in members],
+            mode="markers+text", text=texts, textposition="middle right", hovertext=hovers, hoverinfo="text",
+            name=OUTCOME_LABELS[outcome], legendgroup=outcome.value,
+            marker=dict(size=[18 if n == EXTRA else 14 for n in members], color=OUTCOME_COLORS[outcome],
+                        symbol=["star" if n == EXTRA else "circle" for n in members],
+                        line=dict(color="#ffffff", width=1)),
+            textfont=dict(color="#222222", size=12),
+        ))
+    if selected is not None and selected in pos:
+        sx, sy = pos[selected]
+        traces.append(dict(type="scatter", x=[sx], y=[sy], mode="markers", hoverinfo="skip", showlegend=False,
+                           marker=dict(size=28, color="rgba(0,0,0,0)", line=dict(color="#111111", width=2.5))))
+    rows = 1 + max(y for _, y in pos.values())
+    columns = max(x for x, _ in pos.values())
+    heading = title if title is not None else (
+        f"round {round_.index}: {len(round_.tokens)} drafted, {len(round_.accepted)} accepted, "
+        f"+1 {round_.extra_kind}")
+    layout = dict(
+        title=dict(text=escape(heading), x=0.01, font=dict(size=14)),
+        height=height or int(min(900, max(280, 100 + 26 * rows))),
+        margin=dict(l=60, r=20, t=40, b=10),
+        showlegend=True,
+        legend=dict(orientation="h", x=0, y=0, yanchor="top", font=dict(size=11)),
+        xaxis=dict(visible=False, range=[-0.6, columns + 0.9], fixedrange=False),
+        yaxis=dict(visible=False, autorange="reversed"),
+        plot_bgcolor="#ffffff",
+        paper_bgcolor="#ffffff",
+        hovermode="closest",
+        hoverlabel=dict(align="left"),
+        font=dict(family="ui-monospace, SFMono-Regular, Menlo, monospace"),
+    )
+    return dict(data=traces, layout=layout)
+
+
+def empty_spec(message: str) -> dict:
+    layout = dict(height=260, margin=dict(l=10, r=10, t=40, b=10), xaxis=dict(visible=False),
+                  yaxis=dict(visible=False), plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
+                  annotations=[dict(text=escape(message), x=0.5, y=0.5, xref="paper", yref="paper",
+                                    showarrow=False, font=dict(size=14, color="#777777"))])
+    return dict(data=[], layout=layout)
+
+
+def node_label(round_: Round, node: int | str) -> str:
+    """Plain (unescaped, whitespace-visible) text naming a node, for dropdowns."""
+    if node == EXTRA:
+        return f"{round_.extra_kind}: {visible(round_.extra_text)}"
+    return f"node {node}: {visible(round_.text[node]) if node < len(round_.text) else round_.tokens[node]}"

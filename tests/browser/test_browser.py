@@ -1,0 +1,349 @@
+"""A real browser (Debian's Chromium via Playwright) against the app served on localhost with the real default target.
+
+Covers: a streamed run (tree nodes, coloured tokens, speedup while rounds arrive), Step, Stop mid-run, an XSS prompt
+that must render as text, errors shown in the page (bad settings, unknown model, malformed trace), Chain vs Tree,
+the rejection debugger, trace upload + replay, and two browser sessions generating at once. Screenshots go to
+``test-artifacts/browser/``; with ``SPECVIZ_UPDATE_DOCS=1`` the per-tab ones are also written to ``docs/screenshots/``.
+
+Skips (with the reason) when /usr/bin/chromium or the playwright package is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+DOCS = ROOT / "docs" / "screenshots"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+XSS = "<img src=x onerror=alert(1)>"
+LONG = 180_000  # ms; the first run loads the model and calibrates plain decoding
+#: True while a live run is mid-stream: status counts n rounds (2 ≤ n), the round picker shows the newest of those
+#: n, the tree has nodes, the text has generated tokens coloured by provenance, and a speedup is measured.
+STREAMING = """() => {
+  const status = document.querySelector('#status .sv-status').innerText;
+  const m = status.match(/(\\d+) rounds/);
+  if (!status.startsWith('Generating') || !m || +m[1] < 2) return false;
+  const n = +m[1];
+  return document.querySelector('#round-info').innerText.includes(`of ${n}`)
+    && document.querySelectorAll('#tree-plot .scatterlayer .point').length > 1
+    && document.querySelectorAll('#tokens .sv-stream [data-round]').length >= n
+    && document.querySelector('#speedup').innerText.includes('×');
+}"""
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason="the playwright package is missing (pip install playwright)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The app in its own process, as ``python app.py`` would serve it, on a free port."""
+    port = _free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    code = ("from specviz.ui.app import build_app, launch; "
+            f"launch(build_app(), server_name='127.0.0.1', server_port={port}, quiet=True)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    log = open(ARTIFACTS / "server.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the app exited early; see {ARTIFACTS / 'server.log'}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        process.kill()
+        pytest.fail("the app did not start within 120 s")
+    yield url
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+class Page:
+    """A browser tab on the app, recording dialogs (none may fire) and page errors."""
+
+    def __init__(self, browser, url: str, width: int = 1400, height: int = 1500):
+        self.context = browser.new_context(viewport={"width": width, "height": height})
+        self.page = self.context.new_page()
+        self.dialogs: list[str] = []
+        self.page.on("dialog", self._dialog)
+        self.page.goto(url)
+        self.page.wait_for_selector("#tree-plot .js-plotly-plot", timeout=60_000)
+        self.page.wait_for_function(
+            "(e => e && e.innerText.includes('recorded example'))(document.querySelector('#status .sv-status'))",
+            timeout=30_000)
+
+    def _dialog(self, dialog) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def tab(self, name: str) -> None:
+        self.page.get_by_role("tab", name=name).click()
+        time.sleep(0.5)
+
+    def fill(self, elem_id: str, value: str) -> None:
+        """Set a textbox, number or custom dropdown value and commit it (Enter for dropdowns, blur otherwise)."""
+        selector = {"prompt": "#prompt textarea", "target": "#target input", "drafter": "#drafter input"}.get(
+            elem_id, f"#{elem_id} input[type=number]")
+        self.page.fill(selector, value)
+        self.page.press(selector, "Enter" if elem_id in {"target", "drafter"} else "Tab")
+
+    def choose(self, elem_id: str, label: str) -> None:
+        self.page.locator(f"#{elem_id}").get_by_text(label, exact=True).click()
+
+    def status(self, elem_id: str = "status") -> str:
+        """The status line's own text (not Gradio's status-tracker overlay, which can add "Error")."""
+        return self.page.inner_text(f"#{elem_id} .sv-status")
+
+    def wait_status(self, prefix: str, elem_id: str = "status", timeout: int = LONG) -> None:
+        self.page.wait_for_function(
+            f"(e => e && e.innerText.trim().startsWith({prefix!r}))(document.querySelector('#{elem_id} .sv-status'))",
+            timeout=timeout)
+
+    def toast(self, text: str, timeout: int = 60_000) -> str:
+        locator = self.page.locator(".toast-body", has_text=text).first
+        locator.wait_for(timeout=timeout)
+        return locator.inner_text()
+
+    def clear_toasts(self) -> None:
+        """Close every toast (they would cover later screenshots)."""
+        for _ in range(10):
+            close = self.page.locator(".toast-close:visible, .toast-wrap button[aria-label*='lose']:visible")
+            if close.count() == 0:
+                return
+            close.first.click()
+            time.sleep(0.2)
+
+    def points(self, elem_id: str) -> int:
+        return self.page.locator(f"#{elem_id} .scatterlayer .point").count()
+
+    def shot(self, name: str, docs: bool = False) -> None:
+        path = ARTIFACTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        if docs and os.environ.get("SPECVIZ_UPDATE_DOCS"):
+            _save_small(path, DOCS / f"{name}.png")
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def _save_small(source: Path, target: Path) -> None:
+    """Palette PNG (≈4× smaller than the screenshot) for committing under docs/."""
+    from PIL import Image
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with Image.open(source) as image:
+        image.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(target, optimize=True)
+
+
+@pytest.fixture(scope="module")
+def page(server, browser):
+    tab = Page(browser, server)
+    yield tab
+    tab.close()
+
+
+def test_live_run_streams_rounds(page):
+    page.fill("max-new-tokens", "40")
+    page.choose("shape", "tree")
+    page.page.click("#run")
+    # while rounds stream: the tree has nodes, the text has coloured tokens, the speedup is measured
+    # the recorded example is cleared as soon as the run starts
+    page.page.wait_for_function("!document.querySelector('#status').innerText.includes('recorded example')")
+    assert page.page.locator("#tokens .sv-stream [data-round]").count() == 0
+    page.page.wait_for_function(STREAMING, timeout=LONG)
+    page.shot("streaming")
+    page.wait_status("Done")
+    assert page.points("tree-plot") >= 2
+    assert "measured speedup" in page.page.inner_text("#speedup")
+    assert "τ tokens / round" in page.page.inner_text("#metrics")
+    assert page.page.locator("#charts .js-plotly-plot").count() == 1
+    # the round picker redraws an earlier round's tree and highlights its tokens
+    best, most = 0, -1
+    for index in [*range(1, 6), None]:
+        index = best if index is None else index
+        page.page.fill("#round-slider input[type=number]", str(index))
+        page.page.press("#round-slider input[type=number]", "Tab")
+        page.page.wait_for_function(
+            f"document.querySelector('#round-info').innerText.startsWith('round {index} of')", timeout=30_000)
+        time.sleep(0.3)
+        if page.points("tree-plot") > most:
+            best, most = index, page.points("tree-plot")
+    assert page.page.locator(f"#tokens .sv-sel[data-round='{best}']").count() > 0
+    time.sleep(0.5)
+    page.shot("playground", docs=True)
+
+
+def test_full_plain_run_side_by_side(page):
+    page.page.click("#measure-plain")
+    page.page.wait_for_function("document.querySelector('#speedup').innerText.includes('full run')",
+                                timeout=LONG)
+    speedup = page.page.inner_text("#speedup")
+    assert "identical to plain greedy decoding" in speedup or "first divergence" in speedup
+    page.choose("shape", "chain")
+
+
+def test_step_then_stop_mid_run(page):
+    page.page.click("#step")
+    page.wait_status("Step mode: round 0 done")
+    page.page.click("#step")
+    page.wait_status("Step mode: round 1 done")
+    assert page.page.locator("#tokens [data-round='1']").count() > 0
+    page.fill("max-new-tokens", "400")
+    page.page.click("#run")
+    page.page.wait_for_function(
+        "(m => m && +m[1] >= 3)(document.querySelector('#status').innerText.match(/(\\d+) rounds/))", timeout=LONG)
+    page.page.click("#stop")
+    page.wait_status("Stopped by you after", timeout=60_000)
+    page.shot("stopped")
+    page.fill("max-new-tokens", "24")
+
+
+def test_xss_prompt_renders_as_text(page):
+    page.fill("prompt", f"Repeat exactly: {XSS} <script>alert(2)</script>")
+    page.choose("mode", "raw")
+    page.fill("max-new-tokens", "8")
+    page.page.click("#run")
+    page.wait_status("Done")
+    visible = page.page.inner_text("#tokens").replace("␣", " ")
+    assert XSS in visible and "<script>alert(2)</script>" in visible
+    assert page.page.locator("#tokens img, #tokens script").count() == 0
+    assert page.page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length") == 0
+    page.tab("Why was it rejected?")
+    page.page.wait_for_function("document.querySelector('#debug-warnings').innerText.includes('live run')",
+                                timeout=30_000)
+    page.tab("Playground")
+    assert page.dialogs == []
+    page.choose("mode", "chat")
+
+
+def test_errors_show_in_the_page(page):
+    page.fill("prompt", "   ")
+    page.page.click("#run")
+    assert "the prompt is empty" in page.toast("the prompt is empty")
+    page.fill("prompt", "Write a haiku about the sea.")
+    page.fill("drafter", "ngram:x")
+    page.page.click("#run")
+    page.toast("ngram takes a maximum n-gram size")
+    page.fill("drafter", "ngram")
+    page.fill("target", "no-such-model")
+    page.page.click("#run")
+    assert "unknown model 'no-such-model'" in page.toast("unknown model")
+    page.wait_status("The run did not start: unknown model 'no-such-model'", timeout=60_000)
+    assert page.page.locator("#tokens .sv-stream [data-round]").count() > 0  # the previous run stays on show
+    assert "Traceback" not in page.page.inner_text("body")
+    page.shot("error-unknown-model")
+    page.fill("target", "smollm2-135m")
+    page.clear_toasts()
+    assert page.page.locator(".toast-body:visible").count() == 0
+
+
+def test_chain_vs_tree(page):
+    from specviz.ui import examples
+
+    page.fill("prompt", examples.prompt_text("245"))  # Spec-Bench summarization: n-gram drafts get accepted
+    page.fill("max-new-tokens", "48")
+    page.tab("Chain vs Tree")
+    page.page.click("#compare-run")
+    page.wait_status("Done", elem_id="compare-status")
+    assert page.points("compare-chain-tree") >= 2 and page.points("compare-tree-tree") >= 2
+    verdict = page.page.inner_text("#compare-verdict")
+    assert "Verdict" in verdict and "τ" in verdict and "tokens/s" in verdict
+    page.shot("chain-vs-tree", docs=True)
+
+
+def test_rejection_debugger(page):
+    page.tab("Why was it rejected?")
+    page.choose("debug-source", "Chain vs Tree: tree")
+    page.page.wait_for_function("document.querySelector('#debug-explain').innerText.includes('Why')",
+                                timeout=30_000)
+    assert page.page.locator("#debug-topk .js-plotly-plot").count() == 1
+    assert "target top-k vs draft top-k" in page.page.inner_text("#debug-topk")
+    page.shot("why-rejected", docs=True)
+
+
+def test_trace_upload_and_replay(page):
+    from specviz.ui import examples
+
+    page.tab("Traces")
+    bad = ARTIFACTS / "malformed.jsonl"
+    bad.write_text('{"type": "header", "schema": "nope"}\n')
+    page.page.set_input_files("#trace-upload input[type=file]", str(bad))
+    page.toast("Not a valid specviz trace")
+    trace_file = examples.TRACES / "coding-ngram-tree.jsonl"
+    page.page.click("#trace-upload button[aria-label='Clear']") if page.page.locator(
+        "#trace-upload button[aria-label='Clear']").count() else None
+    page.page.set_input_files("#trace-upload input[type=file]", str(trace_file))
+    page.page.wait_for_function(
+        "document.querySelector('#replay-status').innerText.includes('replay of coding-ngram-tree.jsonl')",
+        timeout=30_000)
+    assert page.points("replay-tree-plot") >= 2
+    assert page.page.locator("#replay-tokens .sv-stream [data-round]").count() > 0
+    assert "×" in page.page.inner_text("#replay-speedup")
+    page.shot("traces", docs=True)
+    page.page.click("#replay-play")
+    page.page.wait_for_function("document.querySelector('#replay-status').innerText.includes('replay finished')",
+                                timeout=60_000)
+    page.choose("trace-which", "Chain vs Tree: tree")
+    page.page.wait_for_function("!document.querySelector('#trace-download').disabled", timeout=30_000)
+    with page.page.expect_download() as download:
+        page.page.click("#trace-download")
+    saved = ARTIFACTS / "downloaded-tree.jsonl"
+    download.value.save_as(saved)
+    from specviz.engine import trace
+
+    downloaded = trace.read(saved)
+    assert downloaded.header["budget"]["tree"] is True and downloaded.rounds and downloaded.summary
+
+
+def test_two_sessions_generate_at_once(server, browser):
+    first, second = Page(browser, server), Page(browser, server)
+    try:
+        for tab, prompt in ((first, "Name three colours of the rainbow."), (second, "Count from one to five.")):
+            tab.fill("prompt", prompt)
+            tab.fill("max-new-tokens", "16")
+        first.page.click("#run")
+        second.page.click("#run")
+        for tab in (first, second):
+            tab.wait_status("Done")
+        one, two = first.page.inner_text("#tokens"), second.page.inner_text("#tokens")
+        assert "rainbow" in one and "rainbow" not in two
+        assert "Count" in two and "Count" not in one
+    finally:
+        first.close()
+        second.close()

@@ -1,0 +1,129 @@
+"""The benchmark suite end to end (``--quick`` style) on tiny random models, its statistics, and its references."""
+
+import json
+
+import pytest
+import tiny
+
+from specviz import cli
+from specviz.bench.configs import RunSpec, build_specs
+from specviz.bench.prompts import BenchPrompt
+from specviz.bench.runners import RunResult, run_hf, run_specviz
+from specviz.bench.suite import PromptRuns, Sample, SuiteResult
+from specviz.bench.summary import OVERALL, PLAIN_ROW, sample_predicted, sample_speedup, summarise
+from specviz.drafters.base import DraftBudget
+from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.engine.loop import GenerationConfig
+from specviz.engine.round import Round
+
+VOCAB = 64
+PROMPTS = [("alpha", "w3 w5 w7 w3 w5 w7 w3"), ("alpha", "w1 w2 w3 w1 w2"), ("beta", "w9 w8 w7 w9 w8 w7 w9 w8"),
+           ("beta", "w4 w4 w6 w4 w4")]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-models")
+    target = tiny.model("llama", VOCAB, layers=2, scale=20)
+    for name, net in (("target", target), ("draft", tiny.truncated(target, 1))):
+        net.save_pretrained(root / name)
+        tiny.tokenizer(VOCAB).save_pretrained(root / name)
+    with open(root / "prompts.jsonl", "w") as f:
+        for i, (category, text) in enumerate(PROMPTS):
+            f.write(json.dumps({"question_id": 100 + i, "category": category, "turns": [text, "ignored"]}) + "\n")
+    return root
+
+
+def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
+    out = tmp_path / "out"
+    code = cli.main(["bench", "--target", str(model_dirs / "target"), "--drafters",
+                     f"ngram,model:{model_dirs / 'draft'}", "--prompts", str(model_dirs / "prompts.jsonl"),
+                     "--no-chat", "--quick", "--max-new-tokens", "20", "--k", "3", "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    assert "| configuration |" in stdout
+    data = json.loads((out / "results.json").read_text())
+    summary = data["summary"]
+    names = summary["rows"]
+    assert names[0] == PLAIN_ROW
+    draft = f"model:{model_dirs / 'draft'}"
+    expected = ["ngram chain k=3", "ngram tree w=4 d=5 n<=24", f"{draft} chain k=3", f"{draft} tree w=4 d=5 n<=24",
+                "hf generate (plain)", "hf prompt lookup k=3 n=3", f"hf assisted {draft} k=3"]
+    assert names[1:] == expected
+    assert summary["categories"] == ["alpha", "beta"]
+    assert data["settings"]["question_ids"] == ["100", "102"]  # --quick: the first prompt of each category
+    table = summary["table"]
+    assert table[PLAIN_ROW][OVERALL]["tau"] == 1.0
+    for name in names[1:]:
+        overall = table[name][OVERALL]
+        assert overall["prompts"] == 2 and overall["exact"] == 2, name  # greedy: identical to plain decoding
+        assert overall["speedup"]["median"] > 0 and overall["tokens_per_s"]["median"] > 0
+        assert set(table[name]) == {"alpha", "beta", OVERALL}
+    chain = table[f"{draft} chain k=3"][OVERALL]
+    assert chain["tau"] == pytest.approx(table[f"hf assisted {draft} k=3"][OVERALL]["tau"])  # same rounds
+    assert len(chain["conditional"]) == 3
+    for prompt in data["prompts"]:  # A B A C A ... A: one plain run before, between and after the configurations
+        assert len(prompt["plain_tokens_per_s"]) == len(expected) + 1
+    assert len(data["runs"]) == 2 * len(expected)
+    assert all(run["identical"] for run in data["runs"])
+    markdown = (out / "results.md").read_text()
+    assert "## Speedup by category" in markdown and "## Per-position acceptance" in markdown
+    assert data["command"] in markdown and data["machine"]["cpu"] in markdown
+    page = (out / "report.html").read_text()
+    assert page.count("Plotly.newPlot") == 3 and "speedup vs τ" in page
+
+
+def test_sampled_bench_has_no_exactness_column(capsys, model_dirs, tmp_path):
+    code = cli.main(["bench", "--target", str(model_dirs / "target"), "--drafters", "ngram", "--shapes", "chain",
+                     "--prompts", str(model_dirs / "prompts.jsonl"), "--no-chat", "--categories", "beta",
+                     "--limit-per-category", "1", "--max-new-tokens", "12", "--temperature", "0.8", "--no-hf",
+                     "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    table = json.loads((tmp_path / "results.json").read_text())["summary"]["table"]
+    assert table["ngram chain k=4"][OVERALL]["exact"] is None
+    assert list(table) == [PLAIN_ROW, "ngram chain k=4"]
+
+
+def test_hf_assisted_settings_are_restored_and_output_is_lossless():
+    target = tiny.target("llama", VOCAB, layers=2, scale=20)
+    draft = tiny.truncated(target.model, 1)
+    config = GenerationConfig(max_new_tokens=24)
+    before = draft.generation_config.num_assistant_tokens
+    spec = build_specs(["model:x"], ["chain"], DraftBudget(k=5), hf=True)[-1]
+    assert spec.hf_kwargs == {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant",
+                              "assistant_confidence_threshold": 0.0}
+    prompt = [3, 5, 7, 3, 5]
+    result = run_hf(target, prompt, config, assistant=draft, assistant_settings=spec.hf_kwargs)
+    assert draft.generation_config.num_assistant_tokens == before
+    plain = run_specviz(target, prompt, config)
+    speculative = run_specviz(target, prompt, config, DraftModelDrafter(draft, VOCAB), DraftBudget(k=5))
+    assert result.token_ids == plain.token_ids == speculative.token_ids
+    assert result.forwards == len(speculative.rounds)  # same draft, same k, same greedy rule: same rounds
+
+
+def _round(drafted: int, accepted: int, ms: tuple[float, float, float]) -> Round:
+    return Round(index=0, start=0, tokens=list(range(drafted)), parents=list(range(-1, drafted - 1)), text=[],
+                 q_draft=None, confidence=None, sampled=False, p_target=[], target_top=[], draft_top=None,
+                 target_entropy=[], accepted=list(range(accepted)), extra_token=0, extra_text="",
+                 extra_kind="correction", committed=[0] * (accepted + 1), committed_text=[], draws=[],
+                 residual_top=None, rule="greedy", lossless=True, draft_ms=ms[0], verify_ms=ms[1], other_ms=ms[2])
+
+
+def test_speedup_and_predicted_speedup_formulas():
+    prompt = BenchPrompt("1", "qa", "x")
+    plain_rounds = [_round(0, 0, (0.0, 9.0, 1.0))] * 8  # 10 ms per token
+    plain = RunResult([1] * 8, 0.1, plain_rounds)  # 80 tokens/s
+    slower_plain = RunResult([1] * 8, 0.3, plain_rounds)  # 26.7 tokens/s
+    spec = RunResult([1] * 8, 0.05, [_round(4, 3, (4.0, 12.0, 4.0))] * 2)  # tau 4, 20 ms per round
+    sample = Sample("chain", prompt, spec, (plain, slower_plain), [1] * 8)
+    assert sample_speedup(sample) == pytest.approx((8 / 0.05) / (16 / 0.4))  # against both neighbours' tokens/time
+    assert sample_predicted(sample) == pytest.approx(4 * 10.0 / 20.0)
+    suite = SuiteResult([RunSpec("chain", "specviz", "ngram", "chain", DraftBudget(k=4))], [sample],
+                        [PromptRuns(prompt, 3, [plain, slower_plain])], 1.0)
+    summary = summarise(suite, greedy=True)
+    stats = summary.table["chain"][OVERALL]
+    assert stats.tau == 4.0 and stats.acceptance_rate == 0.75 and stats.exact == 1
+    assert stats.conditional == [1.0, 1.0, 1.0, 0.0] and stats.cumulative == [1.0, 1.0, 1.0, 0.0]
+    assert (stats.draft_ms, stats.verify_ms, stats.other_ms) == (4.0, 12.0, 4.0)
+    assert not stats.slower_than_plain
+    assert summary.noise.median == pytest.approx(3.0)

@@ -1,0 +1,90 @@
+"""Bad benchmark input fails with one clear line (exit code 2), before any model is loaded."""
+
+import json
+
+import pytest
+
+from specviz import cli
+from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, load_prompts, select
+from specviz.errors import SpecvizError
+
+MISSING_TARGET = "/nonexistent/target-dir"  # loading it would fail with a different message: validation comes first
+
+
+def write(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+GOOD = json.dumps({"question_id": 1, "category": "qa", "turns": ["What is 2 + 2?"]})
+
+
+@pytest.mark.parametrize("lines, fragment", [
+    (["{not json"], "not valid JSON"),
+    ([GOOD, "[1, 2]"], "expected a JSON object"),
+    ([json.dumps({"question_id": 1, "turns": ["x"]})], "missing category"),
+    ([json.dumps({"question_id": 1, "category": "qa", "turns": []})], "turns must be a list"),
+    ([json.dumps({"question_id": 1, "category": "qa", "turns": ["   "]})], "turns must be a list"),
+    ([json.dumps({"question_id": 1, "category": "", "turns": ["x"]})], "category must be a non-empty string"),
+    (["", "  "], "has no prompts"),
+])
+def test_malformed_prompts_file(capsys, tmp_path, lines, fragment):
+    path = write(tmp_path / "p.jsonl", lines)
+    code = cli.main(["bench", "--target", MISSING_TARGET, "--drafters", "ngram", "--prompts", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err, err
+    if lines[0].strip():
+        assert f"{path}:" in err  # names the file and line
+
+
+def test_missing_prompts_file(capsys, tmp_path):
+    code = cli.main(["bench", "--target", MISSING_TARGET, "--prompts", str(tmp_path / "nope.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not exist" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("drafters, fragment", [
+    ("ngram,eagle", "unknown drafter 'eagle'"),
+    ("model:", "unknown drafter 'model:'"),
+    ("ngram:x", "maximum n-gram size"),
+    ("ngram,,model:a", "empty entry"),
+    ("", "--drafters is empty"),
+    ("ngram,ngram", "listed twice"),
+])
+def test_bad_drafter_list(capsys, tmp_path, drafters, fragment):
+    path = write(tmp_path / "p.jsonl", [GOOD])
+    code = cli.main(["bench", "--target", MISSING_TARGET, "--drafters", drafters, "--prompts", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--categories", "qa,nonsense"], "category 'nonsense' has no prompts"),
+    (["--categories", " , "], "--categories is empty"),
+    (["--limit-per-category", "0"], "limit-per-category must be at least 1"),
+    (["--shapes", "chain,star"], "--shapes takes chain, tree"),
+    (["--k", "0"], "k must be"),
+    (["--threads", "0"], "threads must be"),
+    (["--max-new-tokens", "0"], "max-new-tokens"),
+])
+def test_bad_settings(capsys, tmp_path, argv, fragment):
+    path = write(tmp_path / "p.jsonl", [GOOD])
+    code = cli.main(["bench", "--target", MISSING_TARGET, "--drafters", "ngram", "--prompts", str(path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1, err
+
+
+def test_select_keeps_file_order_per_category():
+    prompts = [BenchPrompt(str(i), c, f"p{i}") for i, c in enumerate("abab")]
+    assert [p.question_id for p in select(prompts, None, 1)] == ["0", "1"]
+    assert [p.question_id for p in select(prompts, ["b"], None)] == ["1", "3"]
+    with pytest.raises(SpecvizError, match="category 'c' has no prompts"):
+        select(prompts, ["c"], None)
+
+
+def test_shipped_dev_prompts_load():
+    prompts = load_prompts(DEFAULT_PROMPTS)
+    assert len(prompts) == 240
+    counts = {c: sum(p.category == c for p in prompts) for c in {p.category for p in prompts}}
+    assert counts["qa"] == 40 and counts["writing"] == 5 and len(counts) == 13

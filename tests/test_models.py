@@ -1,0 +1,250 @@
+"""Model registry and loading: every user mistake is a one-line SpecvizError; tiny in-process models only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specviz.errors import SpecvizError, UnsupportedModelError
+from specviz.models import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    check_same_tokenizer,
+    choose_runtime,
+    clear_cache,
+    drafts_for,
+    get_entry,
+    list_models,
+    load_model,
+)
+from specviz.models.tiny import save_tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """Fresh in-process cache and no inherited policy variables."""
+    clear_cache()
+    for name in ("SPECVIZ_MODEL_ALLOWLIST", "SPECVIZ_TRUST_REMOTE_CODE", "SPECVIZ_MAX_MEMORY_GB"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    clear_cache()
+
+
+@pytest.fixture
+def tiny_dir(tmp_path) -> Path:
+    return save_tiny_model(tmp_path / "tiny")
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    text = str(error.value)
+    assert "\n" not in text, text
+    return text
+
+
+def test_registry_lists_target_and_its_drafter():
+    assert DEFAULT_TARGET in list_models() and DEFAULT_DRAFT in list_models()
+    assert list_models("target") == [DEFAULT_TARGET]
+    assert [e.name for e in drafts_for(DEFAULT_TARGET)] == [DEFAULT_DRAFT]
+    assert get_entry(DEFAULT_DRAFT).role == "draft" and get_entry(DEFAULT_DRAFT).target == DEFAULT_TARGET
+
+
+def test_unknown_name_lists_known_names():
+    with pytest.raises(SpecvizError) as error:
+        load_model("no-such-model")
+    assert DEFAULT_TARGET in one_line(error) and DEFAULT_DRAFT in str(error.value)
+
+
+def test_hub_id_offline_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(SpecvizError) as error:
+        load_model("someone/some-model-that-is-not-cached")
+    assert "offline" in one_line(error)
+
+
+def test_missing_path_is_one_line(tmp_path):
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tmp_path / "nowhere" / "model.gguf"))
+    assert "no such file" in one_line(error)
+
+
+def test_local_dir_loads_in_eval_mode_and_is_cached(tiny_dir):
+    loaded = load_model(str(tiny_dir))
+    assert not loaded.model.training and loaded.device == "cpu" and loaded.dtype == torch.float32
+    assert loaded.attn_implementation == "sdpa" and loaded.source == str(tiny_dir)
+    assert load_model(str(tiny_dir)) is loaded  # switching back does not reload
+    ids = loaded.tokenizer("the cat sat", return_tensors="pt").input_ids
+    assert loaded.model(input_ids=ids).logits.shape[-1] == loaded.vocab_size
+
+
+def test_missing_safetensors(tiny_dir):
+    (tiny_dir / "model.safetensors").unlink()
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert "model.safetensors" in one_line(error)
+
+
+def test_pickle_only_checkpoint_is_refused(tiny_dir):
+    (tiny_dir / "model.safetensors").rename(tiny_dir / "pytorch_model.bin")
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert "pickle" in one_line(error)
+
+
+def test_truncated_safetensors_is_corrupt(tiny_dir):
+    weights = tiny_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert "corrupt" in one_line(error)
+
+
+def test_garbage_safetensors_is_corrupt(tiny_dir):
+    (tiny_dir / "model.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert "corrupt" in one_line(error)
+
+
+def _write_gguf(path: Path, architecture: str) -> Path:
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_of_unsupported_architecture(tmp_path):
+    path = _write_gguf(tmp_path / "weird.gguf", "mamba9000")
+    with pytest.raises(UnsupportedModelError) as error:
+        load_model(str(path))
+    assert "mamba9000" in one_line(error)
+
+
+def test_gguf_encoder_architecture_is_refused(tmp_path):
+    path = _write_gguf(tmp_path / "enc.gguf", "bert")
+    with pytest.raises(UnsupportedModelError):
+        load_model(str(path))
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"definitely not gguf")
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(path))
+    assert "GGUF" in one_line(error)
+
+
+def test_allowlist_refuses_and_allows(tiny_dir, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", "smollm2-*,HuggingFaceTB/*")
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert "not allowed" in one_line(error)
+    with pytest.raises(SpecvizError, match="not allowed"):
+        load_model("someone/else")
+    monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", f"{tiny_dir.parent}/*")
+    assert load_model(str(tiny_dir)).model is not None
+
+
+def test_memory_estimate_refuses_models_that_do_not_fit(tiny_dir, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_MAX_MEMORY_GB", "0.000001")
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert "GiB" in one_line(error)
+
+
+def test_remote_code_config_needs_opt_in(tiny_dir):
+    config = json.loads((tiny_dir / "config.json").read_text())
+    config["model_type"] = "custom_thing"
+    config["auto_map"] = {"AutoConfig": "custom.CustomConfig", "AutoModelForCausalLM": "custom.CustomModel"}
+    (tiny_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert "SPECVIZ_TRUST_REMOTE_CODE" in one_line(error)
+
+
+def test_same_tokenizer_accepts_padded_vocab(tmp_path):
+    target = load_model(str(save_tiny_model(tmp_path / "t")))
+    draft = load_model(str(save_tiny_model(tmp_path / "d", seed=1, vocab_pad=6)))
+    check_same_tokenizer(target, draft)
+
+
+def test_tokenizer_mismatch_names_both_models(tmp_path):
+    target = load_model(str(save_tiny_model(tmp_path / "t")))
+    other = load_model(str(save_tiny_model(tmp_path / "o", tokenizer=tiny_tokenizer(shuffle_seed=3))))
+    with pytest.raises(SpecvizError) as error:
+        check_same_tokenizer(target, other)
+    message = one_line(error)
+    assert str(tmp_path / "t") in message and str(tmp_path / "o") in message
+
+
+def test_runtime_choice_on_cpu():
+    runtime = choose_runtime("cpu")
+    assert runtime.dtype == torch.float32 and runtime.attn_implementation == "sdpa" and runtime.supports_tree_mask
+    with pytest.raises(SpecvizError):
+        choose_runtime("tpu")
+
+
+def test_embedded_default_target_loads():
+    loaded = load_model(DEFAULT_TARGET)
+    config = loaded.model.config
+    assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size) == (
+        "llama", 30, 576, 49152)
+    assert loaded.tokenizer.chat_template and loaded.tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
+    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        logits = loaded.model(input_ids=ids["input_ids"]).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_attention_backend_choice(monkeypatch):
+    from specviz.models import device
+
+    monkeypatch.setattr(device, "flash_attn_available", lambda: True)
+    assert device.choose_attn_implementation("cuda:0", torch.bfloat16) == "flash_attention_2"
+    assert device.choose_attn_implementation("cuda:0", torch.bfloat16, need_tree_mask=True) == "sdpa"
+    assert device.choose_attn_implementation("cuda", torch.float32) == "sdpa"
+    assert device.choose_attn_implementation("cpu", torch.bfloat16) == "sdpa"
+    monkeypatch.setattr(device, "flash_attn_available", lambda: False)
+    assert device.choose_attn_implementation("cuda", torch.bfloat16) == "sdpa"
+    assert device.choose_dtype("cpu") == torch.float32 and device.choose_dtype("cpu", "bf16") == torch.bfloat16
+
+
+def test_shipped_drafter_loads_and_matches_the_target_tokenizer():
+    from specviz.models.registry import ASSETS_MODELS
+
+    folder = get_entry(DEFAULT_DRAFT).resolve_path()
+    files = [p for p in ASSETS_MODELS.parent.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= 48 * 2**20  # all of assets/ stays within 48 MiB
+    assert (folder / "README.md").is_file() and json.loads((folder / "config.json").read_text())["dtype"] == "float16"
+    draft = load_model(DEFAULT_DRAFT, role="draft")
+    assert draft.target == DEFAULT_TARGET and draft.dtype == torch.float32 and draft.model.config.vocab_size == 49152
+    check_same_tokenizer(load_model(DEFAULT_TARGET), draft)
+
+
+def test_registry_drafter_without_tokenizer_files_uses_its_targets(tmp_path, monkeypatch):
+    from specviz.models import REGISTRY, RegistryEntry
+
+    target_dir = save_tiny_model(tmp_path / "t")
+    draft_dir = save_tiny_model(tmp_path / "d", seed=2)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (draft_dir / name).unlink(missing_ok=True)
+    monkeypatch.setitem(REGISTRY, "tiny-t", RegistryEntry("tiny-t", "target", "local", str(target_dir), "tiny"))
+    monkeypatch.setitem(REGISTRY, "tiny-d", RegistryEntry("tiny-d", "draft", "local", str(draft_dir), "tiny draft",
+                                                          target="tiny-t", tokenizer_from="tiny-t"))
+    assert [e.name for e in drafts_for("tiny-t")] == ["tiny-d"]
+    draft = load_model("tiny-d", role="draft")
+    assert draft.target == "tiny-t" and draft.role == "draft"
+    check_same_tokenizer(load_model("tiny-t"), draft)
+    with pytest.raises(SpecvizError, match="no tokenizer"):
+        load_model(str(draft_dir))

@@ -1,0 +1,226 @@
+"""Training pipeline on tiny in-process targets: data, features, generation, trainer, checkpoints and the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from specviz.errors import SpecvizError
+from specviz.models import check_same_tokenizer, clear_cache, load_model
+from specviz.models.tiny import WORDS, save_tiny_model
+from specviz.training.batches import make_batch
+from specviz.training.cli import main
+from specviz.training.evaluate import chain_tau, evaluate_agreement
+from specviz.training.features import FeatureSet, extract_features
+from specviz.training.generate import chat_ids, greedy_batch, self_distill
+from specviz.training.prompts import build_prompts
+from specviz.training.text_sources import Document, clean_text, iter_documents
+from specviz.training.trainers import TrainConfig, fit, get_trainer
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+@pytest.fixture
+def tiny_target(tmp_path):
+    return load_model(str(save_tiny_model(tmp_path / "target", hidden=32, layers=2)))
+
+
+def story(seed: int, words: int = 400) -> str:
+    rng = random.Random(seed)
+    sentences = []
+    for _ in range(words // 8):
+        sentences.append(" ".join(rng.choice(WORDS[:24]) for _ in range(7)) + " .")
+        if rng.random() < 0.2:
+            sentences.append("\n\n")
+    return " ".join(sentences)
+
+
+def test_clean_text_strips_gutenberg_wrapping():
+    raw = ("\ufeffThe Project Gutenberg eBook\r\n*** START OF THE PROJECT GUTENBERG EBOOK ALICE ***\r\n"
+           "Alice was here.\r\n\r\nThe end.\r\n*** END OF THE PROJECT GUTENBERG EBOOK ALICE ***\r\nLicence text")
+    assert clean_text(raw) == "Alice was here.\n\nThe end.\n"
+
+
+def test_data_sources_resolve_and_reject(tmp_path):
+    (tmp_path / "a.txt").write_text("hello\r\nworld")
+    docs = list(iter_documents([str(tmp_path / "*.txt"), "stdlib"], stdlib_limit=2))
+    assert docs[0].text == "hello\nworld\n" and sum(d.kind == "code" for d in docs) == 2
+    with pytest.raises(SpecvizError, match="no such file"):
+        list(iter_documents([str(tmp_path / "missing-*.txt")]))
+
+
+def test_prompts_are_seeded_distinct_and_varied():
+    docs = [Document("s", story(i, 600)) for i in range(3)]
+    docs.append(Document("c", "def f(x):\n" + "".join(f"    y{i} = x + {i}\n" for i in range(8)) + "    return x\n",
+                         kind="code"))
+    first, again = build_prompts(docs, 60, seed=1), build_prompts(docs, 60, seed=1)
+    assert [p.text for p in first] == [p.text for p in again]
+    assert len({p.text for p in first}) == 60
+    assert {"summarization", "math_reasoning", "coding"} <= {p.category for p in first}
+
+
+def test_chain_tau_counts_the_bonus_token():
+    assert chain_tau([False] * 6, k=4) == 1.0
+    assert chain_tau([True] * 10, k=4) == 5.0
+    # rounds: accept 2 then reject (3 tokens), accept 0 (1 token) -> 4 tokens in 2 rounds
+    assert chain_tau([True, True, False, False], k=4) == 2.0
+
+
+def test_batched_greedy_matches_one_at_a_time(tiny_target):
+    model, tok = tiny_target.model, tiny_target.tokenizer
+    prompts = [chat_ids(tok, text) for text in ("the cat sat", "tell story about a big red dog and a cat", "why")]
+
+    def single(prompt, steps, eos):
+        ids, out = torch.tensor([prompt]), []
+        for _ in range(steps):
+            nxt = int(model(input_ids=ids).logits[0, -1].argmax())
+            out.append(nxt)
+            if nxt in eos:
+                break
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+        return out
+
+    free_run = single(prompts[0], 8, set())
+    eos = {free_run[2]}  # makes the first prompt stop early, so rows leave the batch mid-way
+    results = greedy_batch(model, prompts, max_new_tokens=8, eos=eos, pad_id=3, topk=4)
+    for prompt, (answer, top_i, top_p) in zip(prompts, results):
+        assert answer == single(prompt, 8, eos)
+        assert top_i.shape == (len(answer), 4) and torch.all(top_i[:, 0] == torch.tensor(answer))
+        assert torch.all(top_p[:, :-1] >= top_p[:, 1:])
+
+
+def test_feature_extraction_layers_and_topk(tiny_target, tmp_path):
+    model = tiny_target.model
+    seqs = [[1, 5, 6, 7, 8, 9], [1, 10, 11]]
+    features = extract_features(model, seqs, topk=3, layers=(0, 1, 2))
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([seqs[0]]), output_hidden_states=True)
+    span = features.sequence(0)
+    probs = torch.softmax(ref.logits[0], -1)
+    assert torch.allclose(features.topk_probs[span], probs.topk(3).values, atol=1e-5)
+    for layer in (0, 1, 2):  # hidden_states index convention: i = output of decoder layer i-1
+        assert torch.allclose(features.hidden[layer][span], ref.hidden_states[layer][0], atol=1e-5)
+    features.save(tmp_path / "f.safetensors", {"why": "test"})
+    loaded = FeatureSet.load(tmp_path / "f.safetensors")
+    assert loaded.input_ids.tolist() == features.input_ids.tolist() and loaded.categories == features.categories
+    assert not loaded.loss_mask[span][-1] and loaded.subset([1]).input_ids.tolist() == seqs[1]
+    both = FeatureSet.concat([loaded, loaded.subset([1])])
+    assert both.num_sequences == 3 and both.sequence(2) == slice(9, 12)
+
+
+def test_self_distill_marks_answer_positions(tiny_target):
+    tok = tiny_target.tokenizer
+    fs = self_distill(tiny_target.model, tok, ["the cat", "a dog ran"], max_new_tokens=5, batch_size=2, topk=2)
+    for i in range(2):
+        span = fs.sequence(i)
+        mask, ids, top = fs.loss_mask[span], fs.input_ids[span], fs.topk_ids[span]
+        prompt_len = len(chat_ids(tok, ["the cat", "a dog ran"][i]))
+        assert mask.nonzero()[0].item() == prompt_len - 1  # the position that predicts the first answer token
+        assert torch.equal(top[mask][:, 0], ids[1:][mask[:-1]])  # greedy: top-1 is the next token
+
+
+def _tiny_data(target, n_prompts=24):
+    docs = [Document("s", story(i, 300)) for i in range(4)]
+    prompts = [p.text for p in build_prompts(docs, n_prompts, seed=0)]
+    answers = self_distill(target.model, target.tokenizer, prompts, max_new_tokens=12, batch_size=12, topk=4)
+    windows = [target.tokenizer(story(10 + i, 60))["input_ids"][:48] for i in range(8)]
+    corpus = extract_features(target.model, windows, topk=4)
+    return FeatureSet.concat([answers, corpus])
+
+
+@pytest.mark.parametrize("softmax_sample", [0, 8])
+def test_draft_lm_loss_falls_and_checkpoint_loads_back(tiny_target, tmp_path, softmax_sample):
+    trainer = get_trainer("draft-lm")(tiny_target, {"hidden": 16, "layers": 1, "heads": 2, "kv_heads": 1,
+                                                    "intermediate": 32, "topk": 4, "softmax_sample": softmax_sample})
+    data = _tiny_data(tiny_target)
+    torch.manual_seed(0)
+    student = trainer.build_student()
+    config = TrainConfig(steps=40, batch_size=8, seq_len=64, lr=1e-2, warmup=4, save_every=20, log_every=1)
+    history = fit(trainer, student, data, config, tmp_path / "run", log=lambda _m: None)["history"]
+    first = sum(h["loss"] for h in history[:5]) / 5
+    last = sum(h["loss"] for h in history[-5:]) / 5
+    assert last < 0.8 * first, (first, last)
+    metrics = evaluate_agreement(lambda ids: trainer.predict_argmax(student, ids), data.subset(list(range(4))))
+    assert 0.0 <= metrics["top1_agreement"] <= 1.0 and metrics["positions"] > 0
+    trainer.save_pretrained(student, tmp_path / "saved")
+    draft = load_model(str(tmp_path / "saved"), role="draft")
+    check_same_tokenizer(tiny_target, draft)
+    batch = make_batch(data, [0], 64)
+    with torch.no_grad():
+        expected = student(input_ids=batch.input_ids).logits
+        assert torch.allclose(draft.model(input_ids=batch.input_ids).logits, expected, atol=1e-4)
+
+
+def test_resume_continues_from_the_latest_checkpoint(tiny_target, tmp_path):
+    trainer = get_trainer("draft-lm")(tiny_target, {"hidden": 16, "layers": 1, "heads": 2, "kv_heads": 1,
+                                                    "intermediate": 32, "topk": 4})
+    data = _tiny_data(tiny_target, n_prompts=8)
+    run = tmp_path / "run"
+
+    def train(steps, resume):
+        torch.manual_seed(0)
+        student = trainer.build_student()
+        config = TrainConfig(steps=steps, batch_size=4, seq_len=48, lr=5e-3, warmup=2, save_every=3, log_every=1,
+                             resume=resume)
+        messages = []
+        return student, fit(trainer, student, data, config, run, log=messages.append)["history"], messages
+
+    _, history, _ = train(6, resume=False)
+    student, resumed, messages = train(8, resume=True)
+    assert any("resumed" in m and "step 6" in m for m in messages)
+    assert [h["step"] for h in resumed] == list(range(1, 9))
+    assert resumed[:6] == history[:6]
+
+
+def test_candidate_pool_reindexes_targets():
+    from specviz.training.trainers.draft_lm import candidate_pool
+
+    top = torch.tensor([[5, 9, -1], [9, 2, 7]])
+    labels = torch.tensor([5, 40])
+    pool, top_local, labels_local = candidate_pool(top, labels, vocab_size=50, negatives=3)
+    assert {2, 5, 7, 9, 40} <= set(pool.tolist())
+    assert torch.equal(torch.where(top_local >= 0, pool[top_local.clamp(min=0)], -1), top)
+    assert torch.equal(pool[labels_local], labels)
+
+
+def test_unknown_trainer_kind():
+    with pytest.raises(SpecvizError, match="draft-lm"):
+        get_trainer("medusa-9")
+
+
+def test_cli_end_to_end_exports_a_loadable_fp16_drafter(tmp_path):
+    target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\ufeff" + story(1, 800).replace("\n", "\r\n"))
+    export = tmp_path / "export"
+    code = main(["draft-lm", "--target", str(target_dir), "--data", str(corpus), "--out", str(tmp_path / "run"),
+                 "--steps", "4", "--batch-size", "4", "--seq-len", "64", "--prompts", "6", "--eval-prompts", "2",
+                 "--gen-tokens", "6", "--gen-batch", "4", "--corpus-tokens", "200", "--hidden", "16", "--layers", "1",
+                 "--save-every", "2", "--log-every", "1", "--cache-dir", str(tmp_path / "cache"),
+                 "--export", str(export), "--name", "tiny-draft"])
+    assert code == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and "top1_agreement" in metrics["heldout"]
+    card = (export / "README.md").read_text()
+    assert "tiny-draft" in card and "--steps 4" in card
+    clear_cache()
+    draft = load_model(str(export), role="draft")
+    assert json.loads((export / "config.json").read_text())["dtype"] == "float16"
+    assert draft.model.config.num_hidden_layers == 1
+    assert list(Path(tmp_path / "cache" / "features").glob("*.safetensors"))  # features cached for reuse
+
+
+def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
+    code = main(["draft-lm", "--target", "no-such-model", "--data", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: unknown model")

@@ -1,0 +1,224 @@
+"""UI callbacks without a browser: the runner and engine thread on tiny models, per-session isolation, errors.
+
+The Gradio-level tests serve the real app on localhost and drive it with ``gradio_client`` (each ``Client`` is
+its own browser session), with a tiny random target registered under the name ``tiny``.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import time
+
+import pytest
+
+from specviz import api
+from specviz.ui import runner
+from specviz.ui.state import Producer, Session
+from specviz.viz.record import RunRecord
+from tests import tiny
+
+PROMPT_A = "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"
+PROMPT_B = "w9 w8 w7 w9 w8 w7 w9 w8"
+
+
+@pytest.fixture(scope="module")
+def tiny_targets():
+    fast = tiny.target(vocab_size=64, scale=4.0)
+    slow = tiny.target(vocab_size=64, scale=4.0)
+    slow.model.register_forward_pre_hook(lambda module, args: time.sleep(0.03))
+    runner.preload("tiny", fast)
+    runner.preload("tiny-slow", slow)
+    return fast, slow
+
+
+def request(prompt=PROMPT_A, **kwargs) -> runner.RunRequest:
+    settings = dict(prompt=prompt, chat=False, target="tiny", drafter="ngram", max_new_tokens=24)
+    settings.update(kwargs)
+    return runner.RunRequest(**settings).validate()
+
+
+def run_record(session: Session, req: runner.RunRequest) -> RunRecord:
+    record = RunRecord(header={})
+    session.start(record, lambda: runner.stream(req)).thread.join(60)
+    return record
+
+
+def test_session_deepcopy_is_fresh():
+    base = Session()
+    base.record = RunRecord(header={"x": 1})
+    copied = copy.deepcopy(base)
+    assert copied is not base and copied.record is None and copied.id != base.id
+
+
+def test_stream_produces_rounds_and_summary(tiny_targets):
+    record = run_record(Session(), request(tree=True, width=2, depth=3, max_nodes=6))
+    assert record.finished and record.rounds
+    assert record.header["prompt"]["text"] == PROMPT_A
+    assert record.calibration["tokens_per_s"] > 0
+    assert record.new_tokens == 24
+    plain = api.plain_decode(tiny_targets[0], tiny_targets[0].encode_prompt(PROMPT_A, chat=False),
+                             request().config())
+    assert record.token_ids == plain.token_ids  # greedy: lossless
+
+
+def test_two_sessions_at_once_keep_their_own_rounds(tiny_targets):
+    first, second = Session(), Session()
+    rec_a, rec_b = RunRecord(header={}), RunRecord(header={})
+    pa = first.start(rec_a, lambda: runner.stream(request(PROMPT_A, target="tiny-slow", max_new_tokens=16)))
+    pb = second.start(rec_b, lambda: runner.stream(request(PROMPT_B, target="tiny-slow", max_new_tokens=16)))
+    pa.thread.join(60)
+    pb.thread.join(60)
+    assert rec_a.header["prompt"]["text"] == PROMPT_A and rec_b.header["prompt"]["text"] == PROMPT_B
+    target = tiny_targets[0]
+    for rec, prompt in ((rec_a, PROMPT_A), (rec_b, PROMPT_B)):
+        plain = api.plain_decode(target, target.encode_prompt(prompt, chat=False), request(max_new_tokens=16).config())
+        assert rec.token_ids == plain.token_ids
+        assert [r.index for r in rec.rounds] == list(range(len(rec.rounds)))
+
+
+def test_stop_keeps_rounds_so_far(tiny_targets):
+    session = Session()
+    record = RunRecord(header={})
+    producer = session.start(record, lambda: runner.stream(request(target="tiny-slow", max_new_tokens=400)))
+    deadline = time.time() + 30
+    while len(record.rounds) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    assert session.stop() is True
+    assert not producer.alive and producer.error is None
+    assert 3 <= len(record.rounds) and record.new_tokens < 400 and not record.finished
+
+
+def test_errors_are_one_line(tiny_targets):
+    with pytest.raises(Exception, match="the prompt is empty"):
+        request(prompt="  ")
+    with pytest.raises(Exception, match="unknown drafter"):
+        request(drafter="medusa")
+    record = RunRecord(header={})
+    producer = Producer(record, lambda: runner.stream(request(target="no-such-model")))
+    producer.thread.join(30)
+    assert "unknown model 'no-such-model'" in str(producer.error)
+
+
+def test_model_allowlist_error_surfaces(tiny_targets, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", "smollm2-135m")
+    producer = Producer(RunRecord(header={}), lambda: runner.stream(request(target="someone/some-model")))
+    producer.thread.join(30)
+    assert "is not allowed here" in str(producer.error) and "\n" not in str(producer.error)
+
+
+# ---- the served app -----------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_targets):
+    gradio_client = pytest.importorskip("gradio_client")
+    from specviz.ui.app import build_app
+
+    demo = build_app()
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url = f"http://127.0.0.1:{port}/"
+    yield gradio_client, url
+    demo.close()
+
+
+def settings_args(prompt=PROMPT_A, target="tiny", max_new_tokens=12, drafter="ngram"):
+    # prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed, max_new, stochastic
+    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False]
+
+
+def test_app_two_clients_at_once_do_not_see_each_other(served):
+    gradio_client, url = served
+    one, two = gradio_client.Client(url, verbose=False), gradio_client.Client(url, verbose=False)
+    job_one = one.submit(*settings_args(PROMPT_A, "tiny-slow"), api_name="/run")
+    job_two = two.submit(*settings_args(PROMPT_B, "tiny-slow"), api_name="/run")
+    out_one, out_two = job_one.result(timeout=120), job_two.result(timeout=120)
+    tokens_one, tokens_two = out_one[5], out_two[5]  # the tokens panel
+    assert "w1" in tokens_one and "w9" not in tokens_one
+    assert "w9" in tokens_two and "w1" not in tokens_two
+    assert "Done" in out_one[0] and "Done" in out_two[0]
+
+
+def test_app_errors_show_as_messages(served, tmp_path):
+    gradio_client, url = served
+    client = gradio_client.Client(url, verbose=False)
+    with pytest.raises(Exception, match="the prompt is empty"):
+        client.predict(*settings_args(prompt=""), api_name="/run")
+    with pytest.raises(Exception, match="unknown model 'no-such-model'"):
+        client.predict(*settings_args(target="no-such-model"), api_name="/run")
+    with pytest.raises(Exception, match="ngram takes a maximum n-gram size"):
+        client.predict(*settings_args(drafter="ngram:x"), api_name="/run")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"hello": 1}\n')
+    with pytest.raises(Exception, match="Not a valid specviz trace: trace line 1 is not a specviz trace header"):
+        client.predict(gradio_client.handle_file(str(bad)), api_name="/upload_trace")
+
+
+def test_app_replays_a_trace_with_no_model(served, tmp_path):
+    gradio_client, url = served
+    from specviz.ui import examples
+
+    name = examples.trace_choices()[0][1]
+    client = gradio_client.Client(url, verbose=False)
+    out = client.predict(gradio_client.handle_file(str(examples.TRACES / name)), api_name="/upload_trace")
+    assert f"replay of {name}" in out[0]
+    assert "sv-accepted" in out[5] or "sv-correction" in out[5]
+
+
+def test_app_stop_mid_run(served):
+    gradio_client, url = served
+    client = gradio_client.Client(url, verbose=False)
+    job = client.submit(*settings_args(target="tiny-slow", max_new_tokens=500), api_name="/run")
+    deadline = time.time() + 60
+    while time.time() < deadline and not any("round" in str(o[0]) for o in job.outputs()):
+        time.sleep(0.05)
+    stopped = client.predict(api_name="/stop")
+    assert "Stopped by you after" in stopped[0]
+
+
+def test_model_drafter_rounds_feed_every_view(tiny_targets, tmp_path):
+    """A draft LM (a shallower copy of the tiny target, saved as a local model directory) at temperature 1 with a
+    stochastic tree: the rounds carry q_draft, draft top-k, draws with u/ratio and residuals, and every view and
+    the debugger render them."""
+    from specviz.ui.views import RunView
+    from specviz.viz import debugger, diagnostics, panels
+    from specviz.viz.outcome import Outcome, node_outcomes
+
+    target = tiny_targets[0]
+    draft_dir = tmp_path / "draft"
+    tiny.truncated(target.model, 1).save_pretrained(draft_dir)
+    target.tokenizer.save_pretrained(draft_dir)
+    req = request(drafter=f"model:{draft_dir}", tree=True, width=2, depth=3, max_nodes=6, temperature=1.0,
+                  stochastic_tree=True, max_new_tokens=32, seed=3)
+    record = run_record(Session(), req)
+    assert record.finished and record.rounds
+    assert all(r.q_draft is not None and r.draft_top for r in record.rounds if r.tokens)
+    assert {r.rule for r in record.rounds} == {"rejection-sampling"}
+    draws = [d for r in record.rounds for d in r.draws]
+    assert any("u" in d and "ratio" in d for d in draws)
+    for r in record.rounds:
+        outcomes = node_outcomes(r)
+        assert outcomes.count(Outcome.ACCEPTED) == len(r.accepted)
+        for node in [str(i) for i in range(len(r.tokens))] + ["extra"]:
+            html, figure = debugger.explain(r, node)
+            assert "Why" in html
+    rejected = next((r, i) for r in record.rounds for i, o in enumerate(node_outcomes(r)) if o is Outcome.REJECTED)
+    html, figure = debugger.explain(rejected[0], str(rejected[1]))
+    assert "min(1, p/q)" in html and {t.name for t in figure.data} >= {"target p (top-k)", "draft q (top-k)"}
+    corrections = [r for r in record.rounds if r.extra_kind == "correction" and r.residual_top]
+    if corrections:
+        html, figure = debugger.explain(corrections[0], "extra")
+        assert "residual" in html
+    import gradio as gr
+
+    with gr.Blocks():
+        view = RunView.build("t-")
+    updates = view.render(record)
+    assert view.tree in updates and view.charts in updates
+    assert "τ" in panels.metrics_html(record)
+    diagnostics.diagnose(record)

@@ -1,0 +1,247 @@
+"""Views: outcomes, tree figure, token HTML, panels, diagnostics and the rejection debugger, on hand-built rounds."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from specviz.engine import trace
+from specviz.engine.metrics import FORMULAS
+from specviz.engine.round import Round, TokenChoice
+from specviz.viz import charts, debugger, diagnostics, panels
+from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, committed_outcomes, node_outcomes
+from specviz.viz.record import RunRecord
+from specviz.viz.text import html_token, label, visible
+from specviz.viz.tokens import tokens_html
+from specviz.viz.tree_figure import EXTRA, ROOT, tree_figure, tree_layout
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def make_round(parents, accepted, *, index=0, start=0, texts=None, extra_kind="correction", extra_text="X",
+               q=None, rule="greedy", draws=None, residual=None, p=None) -> Round:
+    n = len(parents)
+    texts = texts or [f"t{i}" for i in range(n)]
+    tokens = list(range(10, 10 + n))
+    committed = [tokens[i] for i in accepted] + [99]
+    rows = n + 1
+    top = [[TokenChoice(id=99, p=0.6, text=extra_text), TokenChoice(id=10, p=0.3, text=texts[0] if n else "?")]
+           for _ in range(rows)]
+    return Round(
+        index=index, start=start, tokens=tokens, parents=list(parents), text=texts, q_draft=q, confidence=None,
+        sampled=rule == "rejection-sampling", p_target=p or [0.3] * n, target_top=top,
+        draft_top=[[TokenChoice(id=10, p=0.8, text="t0")] for _ in range(rows)] if q else None,
+        target_entropy=[1.5] * rows, accepted=list(accepted), extra_token=99, extra_text=extra_text,
+        extra_kind=extra_kind, committed=committed, committed_text=[texts[i] for i in accepted] + [extra_text],
+        draws=draws if draws is not None else [{"parent": -1, "node": None, "accepted": False, "target_token": 99}],
+        residual_top=residual, rule=rule, lossless=True, draft_ms=1.0, verify_ms=10.0, other_ms=0.5,
+    )
+
+
+def random_tree(n: int, seed: int = 0) -> Round:
+    rnd = random.Random(seed)
+    parents = [-1] + [rnd.randrange(-1, i) for i in range(1, n)]
+    accepted, node = [], -1
+    while len(accepted) < 3:
+        kids = [i for i, parent in enumerate(parents) if parent == node]
+        if not kids:
+            break
+        node = kids[0]
+        accepted.append(node)
+    return make_round(parents, accepted, extra_kind="correction")
+
+
+# ---- outcomes -----------------------------------------------------------------------------------------------
+def test_chain_outcomes():
+    r = make_round([-1, 0, 1, 2], [0, 1])
+    assert node_outcomes(r) == [Outcome.ACCEPTED, Outcome.ACCEPTED, Outcome.REJECTED, Outcome.UNREACHED]
+    assert committed_outcomes(r) == [Outcome.ACCEPTED, Outcome.ACCEPTED, Outcome.CORRECTION]
+
+
+def test_tree_outcomes_examined_vs_never_reached():
+    # root → 0 (accepted) → {2 (rejected), 3 (rejected)}; root → 1 (rejected) → 4 (never reached)
+    r = make_round([-1, -1, 0, 0, 1], [0])
+    assert node_outcomes(r) == [Outcome.ACCEPTED, Outcome.REJECTED, Outcome.REJECTED, Outcome.REJECTED,
+                                Outcome.UNREACHED]
+
+
+def test_rejection_sampling_untested_sibling_is_never_reached():
+    draws = [{"parent": -1, "node": 0, "accepted": True, "u": 0.1, "ratio": 0.9}]
+    r = make_round([-1, -1], [0], rule="rejection-sampling", q=[0.5, 0.4], draws=draws, extra_kind="bonus")
+    assert node_outcomes(r) == [Outcome.ACCEPTED, Outcome.UNREACHED]
+
+
+# ---- tree figure ---------------------------------------------------------------------------------------------
+def _trace_named(fig, name):
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_tree_figure_colours_each_outcome():
+    r = make_round([-1, -1, 0, 0, 1], [0], extra_kind="correction")
+    fig = tree_figure(r)
+    expected = {Outcome.ACCEPTED: 1, Outcome.REJECTED: 3, Outcome.UNREACHED: 1, Outcome.CORRECTION: 1,
+                Outcome.BONUS: 0}
+    for outcome, count in expected.items():
+        trace_ = _trace_named(fig, OUTCOME_LABELS[outcome])
+        assert len(trace_.x) == count, outcome
+        assert trace_.marker.color == OUTCOME_COLORS[outcome]
+    path = _trace_named(fig, "accepted path")
+    assert len([x for x in path.x if x is not None]) == 4  # root→0, 0→extra
+
+
+def test_tree_figure_bonus_and_chain_layout():
+    r = make_round([-1, 0, 1], [0, 1, 2], extra_kind="bonus")
+    fig = tree_figure(r)
+    assert len(_trace_named(fig, OUTCOME_LABELS[Outcome.BONUS]).x) == 1
+    _, pos = tree_layout(r)
+    assert [pos[n][0] for n in (ROOT, 0, 1, 2, EXTRA)] == [0, 1, 2, 3, 4]
+    assert len({pos[n][1] for n in (ROOT, 0, 1, 2, EXTRA)}) == 1  # a chain is a straight line
+
+
+def test_tree_figure_escapes_token_text():
+    r = make_round([-1, 0], [0], texts=["<script>alert(1)</script>", XSS], extra_text="<b>")
+    data = json.dumps(tree_figure(r, root_text="</div>").to_plotly_json()["data"])
+    for raw in ("<script>", "<img", "</div>", "<b>\""):
+        assert raw not in data
+    assert "&lt;script&gt;" in data and "&lt;img" in data
+
+
+def test_tree_figure_64_nodes_builds_fast():
+    tree_figure(random_tree(64, 1))  # warm the plotly validators
+    start = time.perf_counter()
+    fig = tree_figure(random_tree(64, 2))
+    elapsed = time.perf_counter() - start
+    points = sum(len(t.x) for t in fig.data if t.name in OUTCOME_LABELS.values())
+    assert points == 65  # 64 nodes + the extra token
+    assert elapsed < 0.5  # the budget is 50 ms (see specviz/ui/perf.py); loose here for loaded CI machines
+
+
+def test_empty_figure():
+    assert tree_figure(None).layout.annotations[0].text == "no round yet"
+
+
+# ---- tokens ------------------------------------------------------------------------------------------------
+def test_token_html_escapes_and_shows_whitespace():
+    r = make_round([-1, 0], [0], texts=["<script>", " a\nb"], extra_text=" ")
+    html = tokens_html([XSS, "\n"], [r])
+    assert "<script>" not in html and "<img" not in html
+    spaced = html.replace('<span class="sv-ws">␣</span><wbr>', " ")
+    assert "&lt;script&gt;" in html and "&lt;img src=x onerror=alert(1)&gt;" in spaced
+    assert "sv-accepted" in html and "sv-correction" in html and "sv-prompt" in html
+    assert "↵" in html and "␣" in html
+
+
+def test_html_token_and_labels():
+    assert html_token("a b") == 'a<span class="sv-ws">␣</span><wbr>b'
+    assert html_token("${x}") == "&#36;{x}"
+    assert visible("\t\n ") == "→↵␣"
+    assert label("<" * 20).startswith("&lt;") and label("<" * 20).endswith("…")
+
+
+def test_long_prompt_is_elided():
+    html = tokens_html([f"p{i}" for i in range(1000)], [])
+    assert "prompt tokens …" in html and "p999" in html and "p500<" not in html
+
+
+# ---- panels / record / diagnostics ------------------------------------------------------------------------------
+def record_of(rounds, **kwargs) -> RunRecord:
+    header = {"type": "header", "target": {"name": "t"}, "drafter": {"name": "ngram"},
+              "config": {"temperature": 0.0, "seed": 0}, "budget": {"tree": False, "k": 4},
+              "prompt": {"pieces": ["hi"]}}
+    return RunRecord(header=header, rounds=rounds, **kwargs)
+
+
+def test_metrics_panel_shows_values_with_formulas():
+    rec = record_of([make_round([-1, 0], [0], index=0), make_round([-1, 0], [0, 1], index=1, start=2,
+                                                                     extra_kind="bonus")])
+    html = panels.metrics_html(rec)
+    assert "2.50" in html  # τ = 5 tokens / 2 rounds
+    assert "75%" in html  # 3 of 4 drafted accepted
+    from specviz.viz.text import escape
+
+    assert escape(FORMULAS["tau"]) in html
+    markdown = panels.formulas_markdown()
+    assert all(text in markdown for text in FORMULAS.values())
+
+
+def test_speedup_compares_like_with_like():
+    # one round of 11.5 ms committing 2 tokens, after a 100 ms prefill
+    rec = record_of([make_round([-1], [0])], prefill_ms=100.0,
+                    calibration={"tokens_per_s": 50.0, "decode_tokens_per_s": 100.0, "new_tokens": 32})
+    value, source, decode_only = rec.baseline()
+    assert (value, decode_only) == (100.0, True) and source.startswith("calibration")
+    assert rec.speedup() == pytest.approx((2 / 0.0115) / 100.0)  # decode phase on both sides
+    assert "(decode)" in panels.speedup_html(rec)
+    rec.plain = {"tokens_per_s": 10.0, "token_ids": rec.token_ids}
+    rec.summary = {"elapsed_s": 0.1115}
+    assert rec.baseline() == (10.0, "plain decoding of this prompt (full run)", False)
+    assert rec.speedup() == pytest.approx((2 / 0.1115) / 10.0)  # whole generation on both sides
+    assert "lossless" in panels.speedup_html(rec)
+
+
+def test_record_trace_round_trip():
+    rec = record_of([make_round([-1, 0], [0], index=0), make_round([-1], [], index=1, start=2)], prefill_ms=5.0)
+    rec.header.update(type="header", schema=trace.SCHEMA, version=trace.VERSION)
+    back = RunRecord.from_trace(trace.loads(rec.to_trace()), name="x.jsonl")
+    assert back.token_ids == rec.token_ids
+    assert back.metrics().tau == pytest.approx(rec.metrics().tau)
+    assert back.elapsed_s == pytest.approx(rec.elapsed_s)
+
+
+def test_malformed_trace_is_one_line_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "header", "schema": "specviz.trace", "version": 1}\n{"type": "round", "index": 0}\n')
+    with pytest.raises(trace.TraceError, match="missing field") as info:
+        trace.read(bad)
+    assert "\n" not in str(info.value)
+    (tmp_path / "junk.jsonl").write_text("not json")
+    with pytest.raises(trace.TraceError, match="not JSON"):
+        trace.read(tmp_path / "junk.jsonl")
+
+
+def test_diagnostics_flag_silent_failures():
+    rejected = [make_round([-1, 0], [], index=i, start=i) for i in range(8)]
+    titles = [d.title for d in diagnostics.diagnose(record_of(rejected))]
+    assert "Every round rejected at position 1" in titles
+    mismatch = [make_round([-1], [], index=i, start=i, q=[0.9], p=[0.001]) for i in range(8)]
+    assert any("tokenizer" in d.title for d in diagnostics.diagnose(record_of(mismatch)))
+    slow = record_of([make_round([-1, 0], [0], index=i, start=2 * i) for i in range(8)],
+                     calibration={"tokens_per_s": 10_000.0})
+    titles = [d.title for d in diagnostics.diagnose(slow)]
+    assert any(t.startswith("Slower than plain decoding") for t in titles)
+    healthy = record_of([make_round([-1, 0], [0, 1], index=i, start=3 * i, extra_kind="bonus") for i in range(8)])
+    assert diagnostics.diagnose(healthy) == []
+
+
+def test_charts_build():
+    rec = record_of([make_round([-1, 0], [0], index=0), make_round([-1, 0], [0, 1], index=1, start=2)])
+    fig = charts.run_charts(rec.metrics(), rec.rounds, plain_tokens_per_s=5.0, elapsed_s=rec.elapsed)
+    names = {t.name for t in fig.data}
+    assert {"draft ms", "verify ms", "overhead ms", "plain decoding tokens/s", "speculative tokens/s"} <= names
+
+
+# ---- debugger -----------------------------------------------------------------------------------------------
+def test_debugger_explains_greedy_rejection():
+    r = make_round([-1, 0], [], texts=["<a>", "b"])
+    choices = debugger.node_choices(r)
+    assert [v for _, v in choices] == ["0", "1", "extra"]
+    assert debugger.default_node(r) == "0"
+    html, fig = debugger.explain(r, "0")
+    assert "rejected" in html and "argmax" in html and "&lt;a&gt;" in html and "<a>" not in html
+    assert {t.name for t in fig.data} == {"target p (top-k)"}
+    html, _ = debugger.explain(r, "1")
+    assert "never reached" in html
+
+
+def test_debugger_shows_rejection_sampling_draw_and_residual():
+    draws = [{"parent": -1, "node": 0, "accepted": False, "u": 0.7, "ratio": 0.25}]
+    residual = [TokenChoice(id=99, p=0.9, text="X")]
+    r = make_round([-1], [], rule="rejection-sampling", q=[0.8], p=[0.2], draws=draws, residual=residual)
+    html, _ = debugger.explain(r, "0")
+    assert "u = 0.700 ≥ min(1, p/q) = 0.250" in html
+    html, fig = debugger.explain(r, "extra")
+    assert "residual" in html
+    assert "residual norm(max(0, p − q))" in {t.name for t in fig.data}
