@@ -88,3 +88,18 @@ def test_shipped_dev_prompts_load():
     assert len(prompts) == 240
     counts = {c: sum(p.category == c for p in prompts) for c in {p.category for p in prompts}}
     assert counts["qa"] == 40 and counts["writing"] == 5 and len(counts) == 13
+
+
+def test_prompt_too_long_for_the_context_fails_before_any_run(tmp_path):
+    import tiny
+
+    from specviz.bench.configs import build_specs
+    from specviz.bench.suite import run_suite
+    from specviz.drafters.base import DraftBudget
+    from specviz.engine.loop import GenerationConfig
+
+    target = tiny.target("llama", 32, layers=1, max_positions=64)
+    prompts = [BenchPrompt("7", "qa", " ".join(f"w{i % 30}" for i in range(60)))]
+    specs = build_specs(["ngram"], ["chain"], DraftBudget(k=4), hf=False)
+    with pytest.raises(SpecvizError, match=r"prompt #7 \(qa\) is 60 tokens"):
+        run_suite(target, prompts, specs, {}, GenerationConfig(max_new_tokens=8), chat=False)

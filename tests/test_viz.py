@@ -107,13 +107,20 @@ def test_tree_figure_escapes_token_text():
     for raw in ("<script>", "<img", "</div>", "<b>\""):
         assert raw not in data
     assert "&lt;script&gt;" in data and "&lt;img" in data
+    # plotly decodes &lt; &gt; &amp; but would show &quot; literally
+    quoted = make_round([-1], [0], texts=['"q"'], extra_text="it's")
+    data = json.dumps(tree_figure(quoted).to_plotly_json()["data"])
+    assert "&quot;" not in data and "&#x27;" not in data
 
 
 def test_tree_figure_64_nodes_builds_fast():
     tree_figure(random_tree(64, 1))  # warm the plotly validators
-    start = time.perf_counter()
-    fig = tree_figure(random_tree(64, 2))
-    elapsed = time.perf_counter() - start
+    elapsed = []
+    for seed in range(2, 5):
+        start = time.perf_counter()
+        fig = tree_figure(random_tree(64, seed))
+        elapsed.append(time.perf_counter() - start)
+    elapsed = min(elapsed)
     points = sum(len(t.x) for t in fig.data if t.name in OUTCOME_LABELS.values())
     assert points == 65  # 64 nodes + the extra token
     assert elapsed < 0.5  # the budget is 50 ms (see specviz/ui/perf.py); loose here for loaded CI machines

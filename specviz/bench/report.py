@@ -53,7 +53,8 @@ def overall_table(summary: Summary, group: str = OVERALL) -> list[str]:
     rows = []
     for name in summary.rows:
         stats = summary.table[name][group]
-        flag = "**slower than plain**" if stats.slower_than_plain else ""
+        spec = summary.specs.get(name)
+        flag = "**slower than plain**" if spec is not None and spec.speculative and stats.slower_than_plain else ""
         speedup = "1 (baseline)" if name == PLAIN_ROW else _spread(stats.speedup, suffix="×")
         rows.append([name, _num(stats.tau), _num(stats.acceptance_rate), _spread(stats.tokens_per_s, 1), speedup,
                      _spread(stats.predicted, suffix="×") if stats.predicted else DASH, _exact(stats), _split(stats),
@@ -102,7 +103,8 @@ def markdown(summary: Summary, meta: dict) -> str:
                   "Conditional: P(depth d accepted | depth d−1 accepted and drafted).", "",
                   *per_position(summary, "conditional"), "",
                   "Cumulative: P(accepted length ≥ d).", "", *per_position(summary, "cumulative"), ""]
-    slower = [n for n in summary.rows[1:] if summary.table[n][OVERALL].slower_than_plain]
+    slower = [n for n in summary.rows[1:]
+              if summary.specs[n].speculative and summary.table[n][OVERALL].slower_than_plain]
     lines += ["## Notes", ""]
     if slower:
         lines.append(f"- Slower than plain decoding (median speedup < 1): {', '.join(slower)}.")

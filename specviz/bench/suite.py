@@ -17,6 +17,7 @@ from specviz.bench.runners import RunResult, run_hf, run_specviz
 from specviz.drafters.base import Drafter
 from specviz.engine.loop import GenerationConfig
 from specviz.engine.target import Target
+from specviz.errors import SpecvizError
 
 Runner = Callable[[list[int], GenerationConfig], RunResult]
 WARM_UP_TOKENS = 8
@@ -61,6 +62,17 @@ def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter]) -> 
     return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
 
 
+def _check_lengths(target: Target, prompts: list[BenchPrompt], encoded: list[list[int]], specs: list[RunSpec],
+                   config: GenerationConfig) -> None:
+    """Refuse up front a prompt that cannot fit the context window, rather than after minutes of runs."""
+    depth = max((s.budget.max_depth for s in specs if s.budget is not None), default=0)
+    for prompt, ids in zip(prompts, encoded):
+        if len(ids) + config.max_new_tokens + depth + 1 > target.max_positions:
+            raise SpecvizError(f"prompt #{prompt.question_id} ({prompt.category}) is {len(ids)} tokens: with "
+                               f"{config.max_new_tokens} new tokens it overflows {target.name}'s "
+                               f"{target.max_positions}-token context")
+
+
 def run_suite(
     target: Target,
     prompts: list[BenchPrompt],
@@ -72,9 +84,10 @@ def run_suite(
     log: Callable[[str], None] = lambda line: None,
 ) -> SuiteResult:
     """Run every configuration on every prompt, interleaved with plain decoding; warm-up runs are not recorded."""
+    encoded = [target.encode_prompt(p.text, chat=chat) for p in prompts]  # fails early on a bad prompt
+    _check_lengths(target, prompts, encoded, specs, config)
     runners = {spec.name: make_runner(spec, target, drafters) for spec in specs}
     plain: Runner = lambda ids, cfg: run_specviz(target, ids, cfg)  # noqa: E731
-    encoded = [target.encode_prompt(p.text, chat=chat) for p in prompts]  # fails early on a bad prompt
     warm = replace(config, max_new_tokens=min(WARM_UP_TOKENS, config.max_new_tokens))
     for run in (plain, *runners.values()):
         run(encoded[0], warm)

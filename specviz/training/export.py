@@ -80,7 +80,7 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | Non
     sampled = getattr(args, "softmax_sample", 0)
     loss_note = (f" (sampled softmax over the target's top-{args.topk} + {sampled} random tokens, so the loss and this "
                  f"agreement are over that candidate set, not the full vocabulary)") if sampled else ""
-    notes = "".join(f"\n- {note}" for note in summary.get("notes", []))
+    notes = "".join(f"\n\n{note}" for note in summary.get("notes", []))
     cfg = summary.get("student_config") or json.loads((dest / "config.json").read_text())
     held = summary["heldout"]
     taus = ", ".join(f"k={k}: {v:.2f}" for k, v in held["simulated_chain_tau"].items())

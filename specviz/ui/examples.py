@@ -56,6 +56,9 @@ def trace_choices() -> list[tuple[str, str]]:
             budget = header.get("budget") or {}
             shape = (f"tree w{budget.get('width')} d{budget.get('depth')} n{budget.get('max_nodes')}"
                      if budget.get("tree") else f"chain k{budget.get('k')}")
+            temperature = (header.get("config") or {}).get("temperature", 0.0)
+            if temperature:
+                shape += f" T={temperature}"
             category = header.get("example", {}).get("category") or path.stem.split("-")[0]
             out.append((f"{category} · {drafter} · {shape} · {header['target']['name']}", path.name))
         except (OSError, ValueError, KeyError, IndexError):
@@ -81,16 +84,19 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str]) -> list[Pa
     for category in categories:
         row = by_category[category]
         for drafter in drafters:
-            for tree in (False, True):
-                request = runner.RunRequest(prompt=row["turns"][0], chat=True, drafter=drafter, tree=tree,
-                                            max_new_tokens=max_new_tokens)
-                request = replace(request, k=4, width=3, depth=4, max_nodes=16).validate()
+            shapes = [("chain", {}), ("tree", {"tree": True})]
+            if drafter.startswith("model:"):  # a draft LM has q: also show rejection sampling with residuals
+                shapes.append(("tree-sampled", {"tree": True, "temperature": 0.7, "stochastic_tree": True}))
+            for shape, extra in shapes:
+                request = runner.RunRequest(prompt=row["turns"][0], chat=True, drafter=drafter,
+                                            max_new_tokens=max_new_tokens, k=4, width=3, depth=4, max_nodes=16)
+                request = replace(request, **extra).validate()
                 rec = RunRecord(header={})
                 for event in runner.stream(request):
                     apply(rec, event)
                 rec.header["example"] = {"category": category, "question_id": row["question_id"],
                                          "source": "Spec-Bench, Apache-2.0, hemingkx/Spec-Bench"}
-                name = f"{category}-{drafter.replace('model:', '').replace(':', '')}-{'tree' if tree else 'chain'}"
+                name = f"{category}-{drafter.replace('model:', '').replace(':', '')}-{shape}"
                 path = out_dir / f"{name}.jsonl"
                 path.write_text(rec.to_trace(), encoding="utf-8")
                 m = rec.metrics()

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from specviz.engine.metrics import Metrics
 from specviz.engine.round import Round, TokenChoice
 from specviz.viz.outcome import OUTCOME_COLORS, Outcome
-from specviz.viz.text import escape, label
+from specviz.viz.text import label
+from specviz.viz.text import plot_escape as escape
 
 DRAFT_COLOR, VERIFY_COLOR, OTHER_COLOR = "#56B4E9", "#CC79A7", "#999999"
 PLAIN_COLOR = "#555555"

@@ -23,12 +23,21 @@ def escape(text: str) -> str:
     return html.escape(text, quote=True).replace("$", "&#36;")
 
 
+def plot_escape(text: str) -> str:
+    """Escape for plotly text, titles and hover labels.
+
+    Plotly renders a small HTML subset there. It decodes ``&amp; &lt; &gt;`` but shows ``&quot;`` literally, so
+    only the three characters that can open a tag or an entity are escaped.
+    """
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def label(text: str, limit: int = 14) -> str:
-    """Short, escaped, whitespace-visible label for a figure."""
+    """Short, plotly-escaped, whitespace-visible label for a figure."""
     shown = visible(text)
     if len(shown) > limit:
         shown = shown[: limit - 1] + "…"
-    return escape(shown)
+    return plot_escape(shown)
 
 
 def html_token(text: str) -> str:

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 
 from specviz.engine.round import Round
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
-from specviz.viz.text import escape, fmt_prob, label, visible
+from specviz.viz.text import fmt_prob, label, visible
+from specviz.viz.text import plot_escape as escape
 
 ROOT, EXTRA = "root", "extra"
 ROOT_COLOR = "#444444"
