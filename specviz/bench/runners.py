@@ -40,8 +40,7 @@ class RunResult:
 
 def lean(config: GenerationConfig) -> GenerationConfig:
     """The benchmark's records: no top-k lists, entropies or texts (views need them; timing should not pay)."""
-    return GenerationConfig(max_new_tokens=config.max_new_tokens, sampling=config.sampling, seed=config.seed,
-                            top_k_report=0, detail=False, stop_at_eos=config.stop_at_eos)
+    return config.lean()
 
 
 def run_specviz(

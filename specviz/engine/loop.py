@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -42,6 +42,10 @@ class GenerationConfig:
 
     def to_dict(self) -> dict:
         return {"max_new_tokens": self.max_new_tokens, "seed": self.seed, **self.sampling.to_dict()}
+
+    def lean(self) -> GenerationConfig:
+        """The same run without what only views need (top-k lists, entropies, texts): for timed baselines."""
+        return replace(self, top_k_report=0, detail=False)
 
 
 class Clock:
@@ -247,8 +251,4 @@ def generate(
 
 def plain_decode(target: Target, prompt_ids: list[int], config: GenerationConfig) -> Generation:
     """The baseline: the same loop with no drafter, lean records, same sampler and clock."""
-    lean = GenerationConfig(
-        max_new_tokens=config.max_new_tokens, sampling=config.sampling, seed=config.seed,
-        top_k_report=0, detail=False, stop_at_eos=config.stop_at_eos,
-    )
-    return Generation(target, prompt_ids, lean).run()
+    return Generation(target, prompt_ids, config.lean()).run()
