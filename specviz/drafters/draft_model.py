@@ -16,6 +16,7 @@ import torch
 
 from specviz.drafters.base import DraftBudget, Drafter
 from specviz.engine import cache as kv
+from specviz.engine.accept import argmax_rows
 from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig, probabilities
 from specviz.engine.tree import ROOT, DraftTree
@@ -66,7 +67,8 @@ class DraftModelDrafter(Drafter):
 
         new = context[len(self._cached) :]
         start = len(self._cached)
-        logits = masked_forward(self.model, self._cache, new, list(range(start, start + len(new))), None)[-1:]
+        logits = masked_forward(self.model, self._cache, new, list(range(start, start + len(new))), None,
+                                last_only=True)[-1:]
         self._cached = list(context)
         self._context_length = len(context)
         self._fed = {}
@@ -115,6 +117,8 @@ class DraftModelDrafter(Drafter):
             keys = dist.clamp_min(1e-30).log() - (-u.log()).log()
             keys = keys.masked_fill(dist <= 0, float("-inf"))
             choice = torch.topk(keys, min(width, support)).indices  # draws without replacement, in draw order
+        elif width == 1:  # a chain: numpy's argmax is far cheaper than torch.topk over the vocabulary on CPU
+            choice = torch.tensor(argmax_rows(rank[None]))
         else:
             choice = torch.topk(rank, min(width, rank.shape[-1])).indices
         log_rank = rank[choice].clamp_min(1e-30).log()

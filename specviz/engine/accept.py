@@ -74,11 +74,22 @@ def accept(
     """
     rule = choose_rule(tree, config)
     if rule == "greedy":
-        return walk_target_choice(tree, logits.argmax(-1).tolist(), rule)
+        return walk_target_choice(tree, argmax_rows(logits), rule)
     probs = p_target if p_target is not None else sampling.probabilities(logits, config)
     if rule == "target-sampling":
         return walk_target_choice(tree, _LazyDraws(probs, generator), rule)
     return rejection_walk(tree, probs, generator)
+
+
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Row-wise argmax (first maximum on ties, like ``torch.argmax``).
+
+    On CPU, numpy's vectorised argmax is an order of magnitude faster than ``torch.argmax`` over a 50k-entry
+    vocabulary (torch 2.x); at k = 8 that is most of a round's engine time.
+    """
+    if logits.device.type == "cpu":
+        return logits.detach().float().numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
 
 
 class _LazyDraws:

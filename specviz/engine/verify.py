@@ -26,20 +26,24 @@ def masked_forward(
     token_ids: list[int],
     positions: list[int],
     visible: torch.Tensor | None,
+    last_only: bool = False,
 ) -> torch.Tensor:
     """Forward ``token_ids`` at ``positions`` on top of ``cache``; ``visible`` is ``[n, cached + n]`` or None (causal).
 
-    Returns ``[n, V]`` logits; the cache grows by n entries.
+    Returns ``[n, V]`` logits (``[1, V]`` for the last token with ``last_only``, which skips the output head
+    everywhere else: for a draft catching up on a long prompt that head is most of the work); the cache grows by n.
     """
     parameter = next(model.parameters())
     device = parameter.device
     input_ids = torch.tensor([token_ids], device=device)
     position_ids = torch.tensor([positions], device=device)
+    keep = {"logits_to_keep": 1} if last_only else {}
     if visible is None:
-        return model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True).logits[0]
+        return model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, **keep).logits[0]
     mask = additive_mask(visible.to(device), parameter.dtype)
     with mask_capable_attention(model):
-        output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True)
+        output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True,
+                       **keep)
     return output.logits[0]
 
 
