@@ -162,6 +162,7 @@ def streamed_browser(url: str, request: runner.RunRequest, browser) -> tuple[flo
     page.wait_for_function("document.querySelector('#status').innerText.includes('recorded example')",
                            timeout=60_000)
     page.fill("#prompt textarea", request.prompt)
+    page.locator("#shape").get_by_text("tree" if request.tree else "chain", exact=True).click()
     page.fill("#max-new-tokens input[type=number]", str(request.max_new_tokens))
     page.press("#max-new-tokens input[type=number]", "Tab")
     start = time.perf_counter()

@@ -16,8 +16,8 @@ from specviz.ui.state import Producer, Session
 from specviz.viz.panels import run_label
 from specviz.viz.record import RunRecord
 
-LIGHT_S = float(os.environ.get("SPECVIZ_LIGHT_S", "0.3"))  # tree, text, numbers: at most ~3 updates a second
-HEAVY_S = float(os.environ.get("SPECVIZ_HEAVY_S", "2.0"))  # charts and warnings
+LIGHT_S = float(os.environ.get("SPECVIZ_LIGHT_S", "0.5"))  # tree, text, numbers: at most 2 updates a second
+HEAVY_S = float(os.environ.get("SPECVIZ_HEAVY_S", "5.0"))  # charts and warnings
 TICK_S = 1.0  # status refresh while nothing changes (model loading)
 
 

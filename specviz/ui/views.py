@@ -85,11 +85,6 @@ class RunView:
         index = count - 1 if index is None else max(0, min(index, count - 1))
         updates[self.round_slider] = gr.update(minimum=0, maximum=max(count - 1, 1), value=max(index, 0), step=1)
         updates.update(self.render_round(record, index, running=running))
-        import os
-        if running:
-            for name in os.environ.get("SPECVIZ_EXP_SKIP", "").split(","):
-                if name:
-                    updates.pop(getattr(self, name), None)
         updates[self.speedup] = panels.speedup_html(record)
         updates[self.metrics] = panels.metrics_html(record)
         if heavy:

@@ -146,7 +146,10 @@ class Page:
             close = self.page.locator(".toast-close:visible, .toast-wrap button[aria-label*='lose']:visible")
             if close.count() == 0:
                 return
-            close.first.click()
+            try:  # a toast can time out and vanish between count() and click()
+                close.first.click(timeout=2_000)
+            except sync_api.TimeoutError:
+                pass
             time.sleep(0.2)
 
     def points(self, elem_id: str) -> int:
@@ -294,7 +297,7 @@ def test_rejection_debugger(page):
                                 timeout=30_000)
     assert page.page.locator("#debug-topk .js-plotly-plot").count() == 1
     assert "target top-k vs draft top-k" in page.page.inner_text("#debug-topk")
-    page.shot("why-rejected", docs=True)
+    page.shot("why-rejected-greedy")
 
 
 def test_trace_upload_and_replay(page):
@@ -305,17 +308,32 @@ def test_trace_upload_and_replay(page):
     bad.write_text('{"type": "header", "schema": "nope"}\n')
     page.page.set_input_files("#trace-upload input[type=file]", str(bad))
     page.toast("Not a valid specviz trace")
-    trace_file = examples.TRACES / "coding-ngram-tree.jsonl"
-    page.page.click("#trace-upload button[aria-label='Clear']") if page.page.locator(
-        "#trace-upload button[aria-label='Clear']").count() else None
+    # a draft-model trace sampled at T > 0 (rejection sampling) when shipped, else an n-gram tree
+    sampled = examples.TRACES / "coding-smollm2-135m-draft-tree-sampled.jsonl"
+    trace_file = sampled if sampled.is_file() else examples.TRACES / "coding-ngram-tree.jsonl"
+    clear = page.page.locator("#trace-upload button[aria-label='Clear']")
+    if clear.count():  # the refused file is still shown; clear it to get the file input back
+        clear.first.click()
     page.page.set_input_files("#trace-upload input[type=file]", str(trace_file))
     page.page.wait_for_function(
-        "document.querySelector('#replay-status').innerText.includes('replay of coding-ngram-tree.jsonl')",
+        f"document.querySelector('#replay-status').innerText.includes('replay of {trace_file.name}')",
         timeout=30_000)
     assert page.points("replay-tree-plot") >= 2
     assert page.page.locator("#replay-tokens .sv-stream [data-round]").count() > 0
     assert "×" in page.page.inner_text("#replay-speedup")
     page.shot("traces", docs=True)
+    # the debugger explains the replayed trace with no model involved
+    page.tab("Why was it rejected?")
+    page.choose("debug-source", "Replayed trace (Traces tab)")
+    page.page.wait_for_function(
+        f"document.querySelector('#debug-warnings').innerText.includes('replay of {trace_file.name}')",
+        timeout=30_000)
+    if trace_file == sampled:
+        explain = page.page.inner_text("#debug-explain")
+        assert "rejection sampling" in explain and "min(1, p/q)" in explain
+        assert "draft q (top-k)" in page.page.inner_text("#debug-topk")
+    page.shot("why-rejected", docs=True)
+    page.tab("Traces")
     page.page.click("#replay-play")
     page.page.wait_for_function("document.querySelector('#replay-status').innerText.includes('replay finished')",
                                 timeout=60_000)
