@@ -168,21 +168,20 @@ class Generation:
         """Build the round's plain-data record (the detail views need, skipped for the lean baseline)."""
         target, config = self.target, self.config
         n = len(tree)
-        log_display = None
+        display = None
         if p_target is not None:
             display = p_target
         elif n or config.detail:  # greedy: show the untempered softmax (the processed one is one-hot)
-            log_display = logits.float().log_softmax(-1)
-            display = log_display.exp()
-        rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=logits.device)
-        token_index = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
-        p_nodes = display[rows, token_index].tolist() if n else []
+            display = logits.float().softmax(-1)  # one pass; log_softmax + exp costs 4x as much on CPU
+        p_nodes = []
+        if n:
+            rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=logits.device)
+            token_index = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
+            p_nodes = display[rows, token_index].tolist()
         target_top, draft_top, entropy, residual_top = [], None, [], None
         if config.detail:
             target_top = self._top(display)
-            if log_display is None:
-                log_display = display.clamp_min(1e-30).log()
-            entropy = (-(display * log_display).sum(-1)).tolist()
+            entropy = (-(display * display.clamp_min(1e-30).log()).sum(-1)).tolist()
             if tree.q_dist is not None:
                 draft_top = self._top(tree.q_dist.float())
             if acceptance.residual is not None:
