@@ -26,6 +26,9 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=4, help="tree: children per expanded node")
     parser.add_argument("--depth", type=int, default=5, help="tree: maximum depth")
     parser.add_argument("--budget", type=int, default=24, help="tree: maximum number of nodes")
+    parser.add_argument("--min-draft-prob", type=float, default=0.0,
+                        help="stop a draft branch after a token the draft model gives less than this probability "
+                             "(transformers' assistant_confidence_threshold; 0 = always draft k / depth)")
     parser.add_argument("--stochastic-tree", action="store_true",
                         help="tree at temperature > 0: draw children from the draft instead of taking its top-w")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -38,7 +41,8 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
 
 
 def budget_from(args: argparse.Namespace) -> api.DraftBudget:
-    return api.DraftBudget(tree=args.tree, k=args.k, width=args.width, depth=args.depth, max_nodes=args.budget)
+    return api.DraftBudget(tree=args.tree, k=args.k, width=args.width, depth=args.depth, max_nodes=args.budget,
+                           min_draft_prob=args.min_draft_prob)
 
 
 def config_from(args: argparse.Namespace) -> api.GenerationConfig:

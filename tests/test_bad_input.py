@@ -38,7 +38,9 @@ def test_max_new_tokens_out_of_range(value):
 
 
 @pytest.mark.parametrize("field, value", [("k", 0), ("k", 33), ("width", 0), ("width", 17), ("depth", 0),
-                                          ("depth", 100), ("max_nodes", 0), ("max_nodes", 10_000), ("k", "4")])
+                                          ("depth", 100), ("max_nodes", 0), ("max_nodes", 10_000), ("k", "4"),
+                                          ("min_draft_prob", -0.1), ("min_draft_prob", 1.0),
+                                          ("min_draft_prob", "0.4"), ("min_draft_prob", True)])
 def test_budget_out_of_range(field, value):
     with pytest.raises(SpecvizError) as error:
         DraftBudget(**{field: value})

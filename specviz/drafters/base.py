@@ -16,19 +16,28 @@ LIMITS = {"k": (1, 32), "width": (1, 16), "depth": (1, 32), "max_nodes": (1, 256
 
 @dataclass(frozen=True)
 class DraftBudget:
-    """How much to draft per round: a chain of ``k`` tokens, or a tree of ``width`` x ``depth`` under ``max_nodes``."""
+    """How much to draft per round: a chain of ``k`` tokens, or a tree of ``width`` x ``depth`` under ``max_nodes``.
+
+    ``min_draft_prob`` > 0 stops a branch early: a node the drafter gave less than that probability is kept but not
+    extended (transformers' ``assistant_confidence_threshold`` rule), so an unsure draft does not spend draft
+    forwards and verify width on tokens that will mostly be rejected. Drafters without probabilities ignore it.
+    """
 
     tree: bool = False
     k: int = 4
     width: int = 4
     depth: int = 5
     max_nodes: int = 32
+    min_draft_prob: float = 0.0
 
     def __post_init__(self) -> None:
         for name, (low, high) in LIMITS.items():
             value = getattr(self, name)
             if not isinstance(value, int) or not low <= value <= high:
                 raise SpecvizError(f"{name.replace('_', '-')} must be an integer in [{low}, {high}], got {value!r}")
+        stop = self.min_draft_prob
+        if isinstance(stop, bool) or not isinstance(stop, int | float) or not 0.0 <= stop < 1.0:
+            raise SpecvizError(f"min-draft-prob must be a number in [0, 1), got {stop!r}")
 
     @property
     def max_depth(self) -> int:
@@ -40,10 +49,12 @@ class DraftBudget:
         return replace(self, k=min(self.k, remaining), depth=min(self.depth, remaining))
 
     def describe(self) -> str:
-        return f"tree w={self.width} d={self.depth} n<={self.max_nodes}" if self.tree else f"chain k={self.k}"
+        shape = f"tree w={self.width} d={self.depth} n<={self.max_nodes}" if self.tree else f"chain k={self.k}"
+        return f"{shape} stop<{self.min_draft_prob:g}" if self.min_draft_prob else shape
 
     def to_dict(self) -> dict:
-        return {"tree": self.tree, "k": self.k, "width": self.width, "depth": self.depth, "max_nodes": self.max_nodes}
+        return {"tree": self.tree, "k": self.k, "width": self.width, "depth": self.depth, "max_nodes": self.max_nodes,
+                "min_draft_prob": self.min_draft_prob}
 
 
 class Drafter(ABC):

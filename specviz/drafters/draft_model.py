@@ -83,10 +83,10 @@ class DraftModelDrafter(Drafter):
                 dist, rank = _distributions(row[None, : self.vocab_size], sampling, self.vocab_size)
                 rows[parent + 1] = dist[0]
                 self._add_children(nodes, parent, rank[0], dist[0], width, sampled, generator)
-            level_nodes = [i for i, node in enumerate(nodes) if node.depth == level]
-            if level == depth or not level_nodes:
+            extendable = [i for i, node in enumerate(nodes) if node.depth == level and node.q >= budget.min_draft_prob]
+            if level == depth or not extendable:
                 break
-            frontier = sorted(level_nodes, key=lambda i: (-nodes[i].score, i))[:width]
+            frontier = sorted(extendable, key=lambda i: (-nodes[i].score, i))[:width]
         return self._tree(nodes, rows, max_nodes, sampled)
 
     def _expand(self, frontier: list[int], nodes: list[_Node]) -> torch.Tensor:

@@ -44,9 +44,11 @@ class RunRequest:
     seed: int = 0
     max_new_tokens: int = 64
     stochastic_tree: bool = False
+    min_draft_prob: float = 0.0
 
     def budget(self) -> api.DraftBudget:
-        return api.DraftBudget(tree=self.tree, k=self.k, width=self.width, depth=self.depth, max_nodes=self.max_nodes)
+        return api.DraftBudget(tree=self.tree, k=self.k, width=self.width, depth=self.depth, max_nodes=self.max_nodes,
+                               min_draft_prob=self.min_draft_prob)
 
     def config(self) -> api.GenerationConfig:
         sampling = api.SamplingConfig(temperature=self.temperature, top_p=self.top_p)

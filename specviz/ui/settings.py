@@ -35,6 +35,7 @@ class Settings:
     seed: gr.Number
     max_new_tokens: gr.Slider
     stochastic_tree: gr.Checkbox
+    min_draft_prob: gr.Slider
 
     @classmethod
     def build(cls) -> Settings:
@@ -69,8 +70,11 @@ class Settings:
                                        elem_id="max-new-tokens")
         stochastic_tree = gr.Checkbox(False, label="stochastic tree (draw children from the draft model's q)",
                                       elem_id="stochastic-tree")
+        min_draft_prob = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="stop a branch below draft q",
+                                   info="draft model only: a token the draft gives less than this ends its branch "
+                                        "(0 = always draft k / depth)", elem_id="min-draft-prob")
         settings = cls(example, prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p,
-                       seed, max_new_tokens, stochastic_tree)
+                       seed, max_new_tokens, stochastic_tree, min_draft_prob)
         example.input(examples.prompt_text, example, prompt, queue=False)
         target.change(lambda t: gr.Dropdown(choices=runner.drafter_choices(t or ""), value="ngram"), target, drafter,
                       queue=False)
@@ -80,7 +84,8 @@ class Settings:
     def inputs(self) -> list:
         """Components in the order ``request`` takes them."""
         return [self.prompt, self.mode, self.target, self.drafter, self.shape, self.k, self.width, self.depth,
-                self.max_nodes, self.temperature, self.top_p, self.seed, self.max_new_tokens, self.stochastic_tree]
+                self.max_nodes, self.temperature, self.top_p, self.seed, self.max_new_tokens, self.stochastic_tree,
+                self.min_draft_prob]
 
 
 def _integer(name: str, value, low: int, high: int) -> int:
@@ -93,16 +98,16 @@ def _integer(name: str, value, low: int, high: int) -> int:
 
 
 def request(prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed,
-            max_new_tokens, stochastic_tree, *, tree: bool | None = None) -> runner.RunRequest:
+            max_new_tokens, stochastic_tree, min_draft_prob=0.0, *, tree: bool | None = None) -> runner.RunRequest:
     """A validated ``RunRequest`` from the panel's values; bad settings raise a one-line ``SpecvizError``."""
     if mode not in {"chat", "raw"}:
         raise SpecvizError(f"prompt format must be chat or raw, got {mode!r}")
     if shape not in {"chain", "tree"}:
         raise SpecvizError(f"draft shape must be chain or tree, got {shape!r}")
     try:
-        temperature, top_p = float(temperature), float(top_p)
+        temperature, top_p, min_draft_prob = float(temperature), float(top_p), float(min_draft_prob)
     except (TypeError, ValueError):
-        raise SpecvizError("temperature and top-p must be numbers") from None
+        raise SpecvizError("temperature, top-p and the draft stop must be numbers") from None
     built = runner.RunRequest(
         prompt=prompt or "", chat=mode == "chat", target=(target or "").strip(), drafter=(drafter or "").strip(),
         tree=(shape == "tree") if tree is None else tree,
@@ -111,6 +116,6 @@ def request(prompt, mode, target, drafter, shape, k, width, depth, max_nodes, te
         max_nodes=_integer("tree node budget", max_nodes, *LIMITS["max_nodes"]),
         temperature=temperature, top_p=top_p, seed=_integer("seed", seed, 0, 2**63 - 1),
         max_new_tokens=_integer("max new tokens", max_new_tokens, 1, runner.MAX_NEW_TOKENS_UI),
-        stochastic_tree=bool(stochastic_tree),
+        stochastic_tree=bool(stochastic_tree), min_draft_prob=min_draft_prob,
     )
     return built.validate()

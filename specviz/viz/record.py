@@ -78,8 +78,11 @@ class RunRecord:
         if not budget:
             return "—"
         if budget.get("tree"):
-            return f"tree w={budget.get('width')} d={budget.get('depth')} n≤{budget.get('max_nodes')}"
-        return f"chain k={budget.get('k')}"
+            shape = f"tree w={budget.get('width')} d={budget.get('depth')} n≤{budget.get('max_nodes')}"
+        else:
+            shape = f"chain k={budget.get('k')}"
+        stop = budget.get("min_draft_prob") or 0  # absent in traces recorded before it existed
+        return f"{shape}, stop below q={stop:g}" if stop else shape
 
     @property
     def target_name(self) -> str:
