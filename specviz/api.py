@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from specviz.drafters.base import DraftBudget, Drafter
-from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine import metrics, trace
 from specviz.engine.loop import Generation, GenerationConfig, plain_decode
@@ -53,9 +53,14 @@ def load_target(spec: str, **kwargs) -> Target:
     return Target.from_loaded(load_model(spec, role="target", **kwargs))
 
 
-def make_drafter(spec: str, target: Target, *, stochastic_tree: bool = False, **kwargs) -> Drafter:
-    """Build a drafter from its spec: ``ngram``, ``ngram:N`` or ``model:<name|dir|hub id>``."""
+def make_drafter(spec: str, target: Target, *, stochastic_tree: bool = False, draft_vocab: int = 0,
+                 **kwargs) -> Drafter:
+    """Build a drafter from its spec: ``ngram``, ``ngram:N`` or ``model:<name|dir|hub id>``.
+
+    ``draft_vocab`` > 0 makes a draft model draft from its first that many token ids only (see DraftModelDrafter).
+    """
     spec = (spec or "").strip()
+    check_draft_vocab(draft_vocab)
     kind, _, argument = spec.partition(":")
     if kind == "ngram":
         if argument and not argument.isdigit():
@@ -67,7 +72,7 @@ def make_drafter(spec: str, target: Target, *, stochastic_tree: bool = False, **
         loaded = load_model(argument, role="draft", **kwargs)
         check_same_tokenizer(target, loaded)
         return DraftModelDrafter(loaded.model, target.vocab_size, name=f"model:{loaded.name}",
-                                 stochastic_tree=stochastic_tree)
+                                 stochastic_tree=stochastic_tree, draft_vocab=draft_vocab)
     known = ", ".join(DRAFTER_KINDS)
     raise SpecvizError(f"unknown drafter {spec!r}; use one of: {known}")
 

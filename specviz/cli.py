@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from specviz import api
+from specviz.drafters.draft_model import check_draft_vocab
 from specviz.errors import SpecvizError
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -31,6 +32,9 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
                              "(transformers' assistant_confidence_threshold; 0 = always draft k / depth)")
     parser.add_argument("--stochastic-tree", action="store_true",
                         help="tree at temperature > 0: draw children from the draft instead of taking its top-w")
+    parser.add_argument("--draft-vocab", type=int, default=0,
+                        help="draft models: draft from the first N token ids only, with the output layer cut to "
+                             "those rows (0 = the whole vocabulary)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -43,6 +47,11 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
 def budget_from(args: argparse.Namespace) -> api.DraftBudget:
     return api.DraftBudget(tree=args.tree, k=args.k, width=args.width, depth=args.depth, max_nodes=args.budget,
                            min_draft_prob=args.min_draft_prob)
+
+
+def drafter_options(args: argparse.Namespace) -> dict:
+    """``make_drafter`` keywords from the shared options, checked before any model loads."""
+    return {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab)}
 
 
 def config_from(args: argparse.Namespace) -> api.GenerationConfig:
@@ -61,12 +70,12 @@ def _generate_parser(sub) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    budget, config = budget_from(args), config_from(args)  # validate settings before loading anything
+    budget, config, options = budget_from(args), config_from(args), drafter_options(args)  # before loading anything
     if not args.prompt.strip():
         raise SpecvizError("the prompt is empty")
     kwargs = {"device": args.device} if args.device else {}
     target = api.load_target(args.target, **kwargs)
-    drafter = api.make_drafter(args.drafter, target, stochastic_tree=args.stochastic_tree, **kwargs)
+    drafter = api.make_drafter(args.drafter, target, **options, **kwargs)
     prompt_ids = target.encode_prompt(args.prompt, chat=args.chat)
     warm_up(target, prompt_ids)
     run = api.start(target, prompt_ids, drafter, budget, config).run()

@@ -6,10 +6,11 @@ import torch
 from transformers import DynamicCache
 
 from specviz.drafters.base import DraftBudget
-from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
 from specviz.engine.verify import prefill
+from specviz.errors import SpecvizError
 
 VOCAB = 64
 NEW_TOKENS = 120
@@ -37,6 +38,7 @@ def setup(request):
 DRAFTERS = {
     "other-model": lambda target, other: DraftModelDrafter(other, VOCAB),
     "self-model": lambda target, other: DraftModelDrafter(target.model, VOCAB),  # everything accepted
+    "half-vocab-model": lambda target, other: DraftModelDrafter(other, VOCAB, draft_vocab=VOCAB // 2),
     "ngram": lambda target, other: NgramDrafter(max_ngram=3),
 }
 
@@ -102,3 +104,20 @@ def test_min_draft_prob_ends_branches_at_unsure_tokens(setup, tree):
                 depth_reached = len(r.tokens) == 8
                 assert depth_reached or (stop and r.q_draft[-1] < stop)
     assert sizes[0.5] < sizes[0.0]
+
+
+def test_draft_vocab_trims_a_copy_and_drafts_only_the_first_ids(setup):
+    target, other, _ = setup
+    head = other.get_output_embeddings()
+    drafter = DraftModelDrafter(other, VOCAB, draft_vocab=10)
+    assert other.get_output_embeddings() is head and head.out_features == VOCAB  # the loaded model is untouched
+    assert drafter.model.get_output_embeddings().out_features == 10
+    assert drafter.model.get_output_embeddings().weight.data_ptr() == head.weight.data_ptr()  # shared, not copied
+    run = generate(target, PROMPT, GenerationConfig(max_new_tokens=40), drafter,
+                   DraftBudget(tree=True, width=3, depth=3, max_nodes=12))
+    drafted = [t for r in run.rounds for t in r.tokens]
+    assert drafted and max(drafted) < 10
+    with pytest.raises(SpecvizError, match="draft-vocab must be in"):
+        DraftModelDrafter(other, VOCAB, draft_vocab=VOCAB + 1)
+    with pytest.raises(SpecvizError, match="non-negative integer"):
+        check_draft_vocab(-1)

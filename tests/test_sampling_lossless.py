@@ -139,16 +139,22 @@ def test_broken_residual_is_detected(tables, case, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "budget, stochastic",
-    [(DraftBudget(k=2), False), (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True),
-     (DraftBudget(tree=True, width=3, depth=2, max_nodes=8), False)],
-    ids=["chain", "stochastic-tree", "top-w-tree"],
+    "budget, stochastic, draft_vocab",
+    [(DraftBudget(k=2), False, 0), (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, 0),
+     (DraftBudget(tree=True, width=3, depth=2, max_nodes=8), False, 0), (DraftBudget(k=2), False, V // 2),
+     (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, V // 2)],
+    ids=["chain", "stochastic-tree", "top-w-tree", "chain-half-vocab", "stochastic-tree-half-vocab"],
 )
-def test_engine_sampling_matches_target(budget, stochastic):
-    """The whole loop with a real draft model: first two generated tokens follow the target's distribution."""
+def test_engine_sampling_matches_target(budget, stochastic, draft_vocab):
+    """The whole loop with a real draft model: first two generated tokens follow the target's distribution.
+
+    With ``draft_vocab`` the draft never proposes half the tokens (q = 0 there); the target's mass on them must
+    come back through the residual.
+    """
     target = tiny.target("llama", V, layers=2, seed=0, scale=15)
     exact = Table(target.model).joint()
-    drafter = DraftModelDrafter(tiny.model("qwen2", V, layers=1, seed=3, scale=15), V, stochastic_tree=stochastic)
+    drafter = DraftModelDrafter(tiny.model("qwen2", V, layers=1, seed=3, scale=15), V, stochastic_tree=stochastic,
+                                draft_vocab=draft_vocab)
     counts: dict[tuple[int, int], int] = {}
     for seed in range(3_000):
         config = GenerationConfig(max_new_tokens=2, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)

@@ -96,6 +96,10 @@ def _command(args: argparse.Namespace) -> str:
     for flag, on in flags.items():
         if on:
             parts.append(flag)
+    if args.min_draft_prob:
+        parts += ["--min-draft-prob", f"{args.min_draft_prob:g}"]
+    if args.draft_vocab:
+        parts += ["--draft-vocab", str(args.draft_vocab)]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     if args.temperature > 0:
@@ -112,7 +116,7 @@ def _selection(prompts: list[BenchPrompt], limit: int | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     _resolve(args)
-    budget, config = cli.budget_from(args), cli.config_from(args)
+    budget, config, options = cli.budget_from(args), cli.config_from(args), cli.drafter_options(args)
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.categories is not None and not categories:
         raise SpecvizError("--categories is empty")
@@ -124,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     kwargs = {"device": args.device} if args.device else {}
     target = api.load_target(args.target, **kwargs)
-    drafters = {spec: api.make_drafter(spec, target, stochastic_tree=args.stochastic_tree, **kwargs)
+    drafters = {spec: api.make_drafter(spec, target, **options, **kwargs)
                 for spec in args.drafter_list}
-    specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults)
+    specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults,
+                                draft_vocab=args.draft_vocab)
     about = machine.describe()
     print(f"bench: {len(prompts)} prompts x {len(specs)} configurations + plain between each; "
           f"{args.max_new_tokens} new tokens", file=sys.stderr)

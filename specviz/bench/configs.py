@@ -68,16 +68,18 @@ def ngram_size(spec: str) -> int:
 
 
 def build_specs(
-    drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False
+    drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False,
+    draft_vocab: int = 0,
 ) -> list[RunSpec]:
     """The rows, in table order: specviz drafter x shape, then the Hugging Face references."""
     chain = replace(budget, tree=False)
     tree = replace(budget, tree=True)
     specs: list[RunSpec] = []
     for drafter in drafters:
+        trimmed = f" vocab<{draft_vocab}" if draft_vocab and drafter.startswith("model:") else ""
         for shape in shapes:
             shaped = chain if shape == "chain" else tree
-            specs.append(RunSpec(f"{drafter} {shaped.describe()}", "specviz", drafter, shape, shaped))
+            specs.append(RunSpec(f"{drafter} {shaped.describe()}{trimmed}", "specviz", drafter, shape, shaped))
     if not hf:
         return specs
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))

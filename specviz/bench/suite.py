@@ -57,7 +57,7 @@ def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter]) -> 
     if spec.drafter is None:
         return lambda ids, config: run_hf(target, ids, config)
     if spec.drafter.startswith("model:"):
-        assistant = drafters[spec.drafter].model
+        assistant = drafters[spec.drafter].source_model  # the untrimmed draft (--draft-vocab is specviz's)
         return lambda ids, config: run_hf(target, ids, config, assistant=assistant, assistant_settings=spec.hf_kwargs)
     return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
 

@@ -6,10 +6,16 @@ A chain is the width-1 case. Children are the draft's top-w tokens (deterministi
 ``width`` draws without replacement in draw order (Gumbel top-k), which is what rejection sampling needs.
 
 The draft keeps its own KV cache across rounds: entries of accepted nodes are kept, the rest are cropped.
+
+``draft_vocab=N`` drafts from the first N token ids only, by running a copy of the draft whose output layer keeps
+just those rows (FR-Spec's idea, Zhao et al. 2025: for a small draft the output layer over a 49k vocabulary is
+most of a forward). Byte-level BPE ids are in merge order, which follows frequency, so the first ids are the common
+ones. Tokens outside get q = 0; verification is unchanged, so output stays exactly the target's.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +27,7 @@ from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig, probabilities
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.engine.verify import masked_forward
+from specviz.errors import SpecvizError
 
 
 @dataclass
@@ -36,9 +43,12 @@ class DraftModelDrafter(Drafter):
     """Drafts with a small causal LM. ``vocab_size`` is the target's logits width (draft logits are cut or padded)."""
 
     def __init__(
-        self, model: torch.nn.Module, vocab_size: int, name: str = "draft-model", stochastic_tree: bool = False
+        self, model: torch.nn.Module, vocab_size: int, name: str = "draft-model", stochastic_tree: bool = False,
+        draft_vocab: int = 0,
     ):
-        self.model = model.eval()
+        self.source_model = model.eval()  # as loaded (transformers' assisted generation gets this one)
+        self.model = trim_output_layer(model, draft_vocab) if draft_vocab else model
+        self.draft_vocab = draft_vocab
         self.vocab_size = vocab_size
         self.name = name
         self.stochastic_tree = stochastic_tree
@@ -48,7 +58,8 @@ class DraftModelDrafter(Drafter):
         self._context_length = 0
 
     def describe(self) -> dict:
-        return {"name": self.name, "kind": "draft-model", "stochastic_tree": self.stochastic_tree}
+        return {"name": self.name, "kind": "draft-model", "stochastic_tree": self.stochastic_tree,
+                "draft_vocab": self.draft_vocab or None}
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._cache = kv.new_cache(self.model, len(prompt_ids) + MAX_NEW_TOKENS + 64, self.name)
@@ -156,6 +167,35 @@ class DraftModelDrafter(Drafter):
         kv.keep_path(self._cache, self._context_length, [self._fed[node] for node in kept])
         self._cached = self._cached[: self._context_length] + [tree.tokens[node] for node in kept]
         self._fed = {}
+
+
+def check_draft_vocab(value) -> int:
+    """``draft_vocab`` must be a non-negative integer (0 = the whole vocabulary)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecvizError(f"draft-vocab must be a non-negative integer (0 = the whole vocabulary), got {value!r}")
+    return value
+
+
+def trim_output_layer(model: torch.nn.Module, rows: int) -> torch.nn.Module:
+    """A shallow copy of ``model`` whose output layer keeps its first ``rows`` rows (weights shared, not copied).
+
+    The original model is left as it is: loaded models are cached and may serve other drafters.
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise SpecvizError(f"draft-vocab needs a linear output layer; {type(model).__name__} has {type(head).__name__}")
+    if not 1 <= rows <= head.out_features:
+        raise SpecvizError(f"draft-vocab must be in [1, {head.out_features}] for this draft, got {rows}")
+    name = next(key for key, module in model.named_children() if module is head)
+    trimmed_head = torch.nn.Linear(head.in_features, rows, bias=head.bias is not None, device=head.weight.device,
+                                   dtype=head.weight.dtype)
+    trimmed_head.weight = torch.nn.Parameter(head.weight[:rows], requires_grad=False)
+    if head.bias is not None:
+        trimmed_head.bias = torch.nn.Parameter(head.bias[:rows], requires_grad=False)
+    trimmed = copy.copy(model)
+    trimmed._modules = dict(model._modules)
+    trimmed._modules[name] = trimmed_head
+    return trimmed
 
 
 def _distributions(logits: torch.Tensor, sampling: SamplingConfig, vocab_size: int):
