@@ -129,8 +129,8 @@ def served(tiny_targets):
 
 def settings_args(prompt=PROMPT_A, target="tiny", max_new_tokens=12, drafter="ngram"):
     # prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed, max_new, stochastic,
-    # min_draft_prob
-    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False, 0.0]
+    # min_draft_prob, draft_vocab
+    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False, 0.0, 0]
 
 
 def test_app_two_clients_at_once_do_not_see_each_other(served):
@@ -223,3 +223,30 @@ def test_model_drafter_rounds_feed_every_view(tiny_targets, tmp_path):
     assert view.tree in updates and view.charts in updates
     assert "τ" in panels.metrics_html(record)
     diagnostics.diagnose(record)
+
+
+def test_draft_options_reach_the_drafter(tiny_targets, tmp_path):
+    """The panel's draft stop and draft vocabulary shape what the draft model proposes; a bad one is one line."""
+    from specviz.errors import SpecvizError
+    from specviz.ui import settings
+
+    target = tiny_targets[0]
+    draft_dir = tmp_path / "draft"
+    tiny.truncated(target.model, 1).save_pretrained(draft_dir)
+    target.tokenizer.save_pretrained(draft_dir)
+    values = [PROMPT_A, "raw", "tiny", f"model:{draft_dir}", "tree", 4, 2, 3, 8, 0.0, 1.0, 0, 24, False, 0.5, 20]
+    req = settings.request(*values)
+    assert req.min_draft_prob == 0.5 and req.draft_vocab == 20 and req.budget().min_draft_prob == 0.5
+    record = run_record(Session(), req)
+    assert record.finished and record.rounds
+    assert max(t for r in record.rounds for t in r.tokens) < 20
+    for r in record.rounds:
+        assert all(r.q_draft[p] >= 0.5 for p in r.parents if p >= 0)
+    assert record.header["drafter"]["draft_vocab"] == 20
+    for bad in ({14: 1.0}, {15: -1}, {15: 2.5}):
+        broken = list(values)
+        for index, value in bad.items():
+            broken[index] = value
+        with pytest.raises(SpecvizError) as error:
+            settings.request(*broken)
+        assert "\n" not in str(error.value)

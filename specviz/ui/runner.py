@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
 from specviz import api
+from specviz.drafters.draft_model import check_draft_vocab
 from specviz.engine.round import Round
 from specviz.errors import SpecvizError
 from specviz.ui import zerogpu
@@ -45,6 +46,7 @@ class RunRequest:
     max_new_tokens: int = 64
     stochastic_tree: bool = False
     min_draft_prob: float = 0.0
+    draft_vocab: int = 0  # draft models: first N token ids only (0 = all)
 
     def budget(self) -> api.DraftBudget:
         return api.DraftBudget(tree=self.tree, k=self.k, width=self.width, depth=self.depth, max_nodes=self.max_nodes,
@@ -68,6 +70,7 @@ class RunRequest:
         if kind == "ngram" and argument and not argument.isdigit():
             raise SpecvizError(f"ngram takes a maximum n-gram size, e.g. ngram:3, got {self.drafter!r}")
         self.budget()
+        check_draft_vocab(self.draft_vocab)
         self.config()
         return self
 
@@ -193,7 +196,8 @@ def stream(request: RunRequest) -> Iterator[object]:
     """Load, (calibrate,) then run speculative decoding, yielding one event per step. Errors: ``SpecvizError``."""
     request.validate()
     target, load_s, first = load_target(request.target)
-    drafter = api.make_drafter(request.drafter, target, stochastic_tree=request.stochastic_tree)
+    drafter = api.make_drafter(request.drafter, target, stochastic_tree=request.stochastic_tree,
+                               draft_vocab=request.draft_vocab)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     run = api.start(target, prompt_ids, drafter, request.budget(), request.config())
     device = str(target.device)

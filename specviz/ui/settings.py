@@ -15,6 +15,7 @@ from specviz.drafters.base import LIMITS
 from specviz.errors import SpecvizError
 from specviz.ui import examples, runner
 
+MAX_DRAFT_VOCAB = 1 << 20
 DEFAULT_QUESTION = "245"  # Spec-Bench summarization: input-grounded, where n-gram drafting shines
 
 
@@ -36,6 +37,7 @@ class Settings:
     max_new_tokens: gr.Slider
     stochastic_tree: gr.Checkbox
     min_draft_prob: gr.Slider
+    draft_vocab: gr.Number
 
     @classmethod
     def build(cls) -> Settings:
@@ -73,8 +75,11 @@ class Settings:
         min_draft_prob = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="stop a branch below draft q",
                                    info="draft model only: a token the draft gives less than this ends its branch "
                                         "(0 = always draft k / depth)", elem_id="min-draft-prob")
+        draft_vocab = gr.Number(value=0, precision=0, minimum=0, label="draft vocabulary (first N token ids)",
+                                info="draft model only: cut its output layer to the first N ids, which are the "
+                                     "frequent ones (0 = all)", elem_id="draft-vocab")
         settings = cls(example, prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p,
-                       seed, max_new_tokens, stochastic_tree, min_draft_prob)
+                       seed, max_new_tokens, stochastic_tree, min_draft_prob, draft_vocab)
         example.input(examples.prompt_text, example, prompt, queue=False)
         target.change(lambda t: gr.Dropdown(choices=runner.drafter_choices(t or ""), value="ngram"), target, drafter,
                       queue=False)
@@ -85,7 +90,7 @@ class Settings:
         """Components in the order ``request`` takes them."""
         return [self.prompt, self.mode, self.target, self.drafter, self.shape, self.k, self.width, self.depth,
                 self.max_nodes, self.temperature, self.top_p, self.seed, self.max_new_tokens, self.stochastic_tree,
-                self.min_draft_prob]
+                self.min_draft_prob, self.draft_vocab]
 
 
 def _integer(name: str, value, low: int, high: int) -> int:
@@ -98,7 +103,8 @@ def _integer(name: str, value, low: int, high: int) -> int:
 
 
 def request(prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed,
-            max_new_tokens, stochastic_tree, min_draft_prob=0.0, *, tree: bool | None = None) -> runner.RunRequest:
+            max_new_tokens, stochastic_tree, min_draft_prob=0.0, draft_vocab=0, *,
+            tree: bool | None = None) -> runner.RunRequest:
     """A validated ``RunRequest`` from the panel's values; bad settings raise a one-line ``SpecvizError``."""
     if mode not in {"chat", "raw"}:
         raise SpecvizError(f"prompt format must be chat or raw, got {mode!r}")
@@ -117,5 +123,6 @@ def request(prompt, mode, target, drafter, shape, k, width, depth, max_nodes, te
         temperature=temperature, top_p=top_p, seed=_integer("seed", seed, 0, 2**63 - 1),
         max_new_tokens=_integer("max new tokens", max_new_tokens, 1, runner.MAX_NEW_TOKENS_UI),
         stochastic_tree=bool(stochastic_tree), min_draft_prob=min_draft_prob,
+        draft_vocab=_integer("draft vocabulary", draft_vocab, 0, MAX_DRAFT_VOCAB),
     )
     return built.validate()
