@@ -14,6 +14,7 @@ from specviz.models import check_same_tokenizer, clear_cache, load_model
 from specviz.models.tiny import WORDS, save_tiny_model
 from specviz.training.batches import make_batch
 from specviz.training.cli import main
+from specviz.training.data import split_prompts
 from specviz.training.evaluate import chain_tau, evaluate_agreement
 from specviz.training.features import FeatureSet, extract_features
 from specviz.training.generate import chat_ids, greedy_batch, self_distill
@@ -66,6 +67,15 @@ def test_prompts_are_seeded_distinct_and_varied():
     assert [p.text for p in first] == [p.text for p in again]
     assert len({p.text for p in first}) == 60
     assert {"summarization", "math_reasoning", "coding"} <= {p.category for p in first}
+
+
+def test_extra_prompts_extend_training_without_moving_the_held_out_split():
+    docs = [Document("s", story(i, 600)) for i in range(3)]
+    base, more = build_prompts(docs, 40, seed=2), build_prompts(docs, 90, seed=2)
+    assert more[:40] == base and len({p.text for p in more}) == 90  # prefix-stable, still distinct
+    train, held = split_prompts(more[:40], 8, seed=2)
+    assert (train, held) == split_prompts(base, 8, seed=2)
+    assert not {p.text for p in held} & {p.text for p in more[40:]}
 
 
 def test_chain_tau_counts_the_bonus_token():

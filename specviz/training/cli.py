@@ -43,6 +43,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
     parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps")
     parser.add_argument("--prompts", type=int, default=1200, help="self-distillation prompts the target answers")
+    parser.add_argument("--extra-prompts", type=int, default=0,
+                        help="more training-only prompts, appended so the held-out split stays the same")
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
     parser.add_argument("--gen-tokens", type=int, default=144, help="max answer length when self-distilling")
     parser.add_argument("--gen-batch", type=int, default=16, help="batch size of the target's answer generation")
@@ -103,6 +105,7 @@ def train(args: argparse.Namespace) -> dict:
     trainer = trainer_cls(target, options)
     request = trainer.features()
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
+                    extra_prompts=args.extra_prompts,
                     gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, corpus_tokens=args.corpus_tokens,
                     seq_len=args.seq_len, topk=request.topk, layers=request.layers,
                     stdlib_files=args.stdlib_files, seed=args.seed)

@@ -23,6 +23,7 @@ class DataPlan:
     sources: list[str]
     prompts: int = 1200
     eval_prompts: int = 64
+    extra_prompts: int = 0
     gen_tokens: int = 144
     gen_batch: int = 16
     corpus_tokens: int = 100_000
@@ -111,10 +112,14 @@ def corpus_features(target, documents: list[Document], plan: DataPlan, cache: Pa
 def build_data(target, plan: DataPlan, cache: Path, log=print) -> tuple[FeatureSet, FeatureSet]:
     """(train, held-out) feature sets; held-out = target answers to prompts never trained on."""
     documents = list(iter_documents(plan.sources, stdlib_limit=plan.stdlib_files, seed=plan.seed))
-    prompts = build_prompts(documents, plan.prompts + plan.eval_prompts, seed=plan.seed)
-    train_prompts, eval_prompts = split_prompts(prompts, plan.eval_prompts, plan.seed)
+    base = plan.prompts + plan.eval_prompts
+    # build_prompts is prefix-stable, so extra prompts extend the training set without moving the held-out split
+    prompts = build_prompts(documents, base + plan.extra_prompts, seed=plan.seed)
+    train_prompts, eval_prompts = split_prompts(prompts[:base], plan.eval_prompts, plan.seed)
     held = answers(target, eval_prompts, plan, cache, "heldout", log)
     train_parts = [answers(target, train_prompts, plan, cache, "answers", log)]
+    if plan.extra_prompts:
+        train_parts.append(answers(target, prompts[base:], plan, cache, "answers", log))
     corpus = corpus_features(target, documents, plan, cache, log)
     if corpus is not None:
         train_parts.append(corpus)
