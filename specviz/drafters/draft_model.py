@@ -11,6 +11,8 @@ The draft keeps its own KV cache across rounds: entries of accepted nodes are ke
 just those rows (FR-Spec's idea, Zhao et al. 2025: for a small draft the output layer over a 49k vocabulary is
 most of a forward). Byte-level BPE ids are in merge order, which follows frequency, so the first ids are the common
 ones. Tokens outside get q = 0; verification is unchanged, so output stays exactly the target's.
+
+Llama-architecture drafts run through ``lean_llama`` (same weights, same logits, fewer operator calls).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from specviz.drafters.base import DraftBudget, Drafter
+from specviz.drafters.lean_llama import lean_forward_for
 from specviz.engine import cache as kv
 from specviz.engine.accept import argmax_rows
 from specviz.engine.loop import MAX_NEW_TOKENS
@@ -44,10 +47,12 @@ class DraftModelDrafter(Drafter):
 
     def __init__(
         self, model: torch.nn.Module, vocab_size: int, name: str = "draft-model", stochastic_tree: bool = False,
-        draft_vocab: int = 0,
+        draft_vocab: int = 0, lean: bool = True,
     ):
         self.source_model = model.eval()  # as loaded (transformers' assisted generation gets this one)
-        self.model = trim_output_layer(model, draft_vocab) if draft_vocab else model
+        drafting = trim_output_layer(model, draft_vocab) if draft_vocab else model
+        # the same weights and maths with a fraction of the per-operator overhead, where the architecture allows
+        self.model = (lean_forward_for(drafting) if lean else None) or drafting
         self.draft_vocab = draft_vocab
         self.vocab_size = vocab_size
         self.name = name

@@ -1,0 +1,67 @@
+"""The lean draft forward must give transformers' logits and cache, and refuse what it does not reproduce."""
+
+import pytest
+import tiny
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from specviz.drafters.base import DraftBudget
+from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.drafters.lean_llama import LeanLlama, lean_forward_for
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.verify import masked_forward
+
+VOCAB = 64
+
+
+def both(model):
+    return lean_forward_for(model), model
+
+
+def test_logits_and_cache_match_transformers_through_prefill_steps_and_a_tree():
+    model = tiny.model("llama", VOCAB, layers=3, scale=5)  # 4 query heads over 2 KV heads
+    lean, _ = both(model)
+    assert isinstance(lean, LeanLlama)
+    caches = {"lean": DynamicCache(config=model.config), "hf": DynamicCache(config=model.config)}
+    runner = {"lean": lean, "hf": model}
+    steps = [  # (tokens, positions, visibility over cached + new, or None for causal)
+        (list(range(5, 30)), list(range(25)), None),
+        ([7], [25], None),
+        ([8, 9, 10], [26, 27, 28], None),
+        ([11, 12, 13], [29, 30, 30], torch.tensor([[1] * 29 + [1, 0, 0], [1] * 29 + [1, 1, 0], [1] * 29 + [1, 0, 1]],
+                                                  dtype=torch.bool)),
+    ]
+    for tokens, positions, visible in steps:
+        out = {name: masked_forward(runner[name], caches[name], tokens, positions, visible) for name in runner}
+        assert out["lean"].shape == (len(tokens), VOCAB)
+        assert torch.allclose(out["lean"], out["hf"], atol=1e-5), (out["lean"] - out["hf"]).abs().max()
+        for a, b in zip(caches["lean"].layers, caches["hf"].layers):
+            assert torch.allclose(a.keys, b.keys, atol=1e-6) and torch.allclose(a.values, b.values, atol=1e-6)
+    last = masked_forward(lean, caches["lean"], [3, 4], [31, 32], None, last_only=True)
+    assert last.shape == (1, VOCAB)
+
+
+@pytest.mark.parametrize("change", [
+    {"attention_bias": True}, {"mlp_bias": True}, {"hidden_act": "gelu"},
+    {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+])
+def test_configurations_it_does_not_reproduce_keep_the_transformers_forward(change):
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, **change)
+    assert lean_forward_for(LlamaForCausalLM(config)) is None
+    assert lean_forward_for(tiny.model("qwen2", VOCAB)) is None  # biased q/k/v projections
+
+
+def test_drafts_are_identical_with_and_without_the_lean_forward():
+    model = tiny.model("llama", VOCAB, layers=2, scale=5)
+    sampling = SamplingConfig()
+    context = [3, 17, 5, 9, 3, 17]
+    drafters = [DraftModelDrafter(model, VOCAB, lean=lean) for lean in (True, False)]
+    assert isinstance(drafters[0].model, LeanLlama) and drafters[1].model is model
+    for budget in (DraftBudget(k=4), DraftBudget(tree=True, width=3, depth=3, max_nodes=9)):
+        trees = [d.propose(context, budget, sampling, torch.Generator().manual_seed(0)) for d in drafters]
+        assert trees[0].tokens == trees[1].tokens and trees[0].parents == trees[1].parents
+        assert torch.allclose(trees[0].q_dist, trees[1].q_dist, atol=1e-6)
+        for drafter, tree in zip(drafters, trees):
+            drafter.commit(context, tree, [0])
+        context = context + [trees[0].tokens[0], 21]
