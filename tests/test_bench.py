@@ -6,6 +6,7 @@ import pytest
 import tiny
 
 from specviz import cli
+from specviz.bench import verify_cost
 from specviz.bench.configs import RunSpec, build_specs
 from specviz.bench.prompts import BenchPrompt
 from specviz.bench.runners import RunResult, run_hf, run_specviz
@@ -15,6 +16,7 @@ from specviz.drafters.base import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.engine.loop import GenerationConfig
 from specviz.engine.round import Round
+from specviz.errors import SpecvizError
 
 VOCAB = 64
 PROMPTS = [("alpha", "w3 w5 w7 w3 w5 w7 w3"), ("alpha", "w1 w2 w3 w1 w2"), ("beta", "w9 w8 w7 w9 w8 w7 w9 w8"),
@@ -69,8 +71,21 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     markdown = (out / "results.md").read_text()
     assert "## Speedup by category" in markdown and "## Per-position acceptance" in markdown
     assert data["command"] in markdown and data["machine"]["cpu"] in markdown
+    assert [c["width"] for c in data["verify_cost"]] == [1, 2, 3, 4, 5, 8, 16, 25]  # k + 1 = 4, budget + 1 = 25
+    assert "## Target forward cost by verify width" in markdown
     page = (out / "report.html").read_text()
     assert page.count("Plotly.newPlot") == 3 and "speedup vs τ" in page
+
+
+def test_verify_cost_measures_each_width_and_rejects_bad_settings():
+    target = tiny.target("llama", VOCAB, layers=2)
+    cost = verify_cost.measure(target, [3, 5, 7, 9], [1, 3, 6], repeats=2)
+    assert [c["width"] for c in cost] == [1, 3, 6] and cost[0]["relative"] == 1.0
+    assert all(c["ms"] > 0 and c["relative"] > 0 for c in cost)
+    for context, widths, repeats, message in (([], [1], 1, "context is empty"), ([3], [0, 2], 1, "at least 1"),
+                                              ([3], [1], 0, "at least 1"), ([3] * 1020, [8], 1, "exceed")):
+        with pytest.raises(SpecvizError, match=message):
+            verify_cost.measure(target, context, widths, repeats=repeats)
 
 
 def test_sampled_bench_has_no_exactness_column(capsys, model_dirs, tmp_path):

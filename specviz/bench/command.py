@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from specviz import api, cli
-from specviz.bench import charts, configs, machine, report
+from specviz.bench import charts, configs, machine, report, verify_cost
 from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, load_prompts, select
 from specviz.bench.suite import run_suite
 from specviz.bench.summary import OVERALL, summarise
@@ -137,10 +137,13 @@ def run(args: argparse.Namespace) -> int:
           f"{args.max_new_tokens} new tokens", file=sys.stderr)
     suite = run_suite(target, prompts, specs, drafters, config, chat=args.chat,
                       log=lambda line: print(line, file=sys.stderr, flush=True))
+    # the verify-width curve over the longest prompt's context (the hardest case for a wide verify)
+    context = max((target.encode_prompt(p.text, chat=args.chat) for p in prompts), key=len)
+    cost = verify_cost.measure(target, context, verify_cost.widths_for(budget.k, budget.max_nodes))
     about["load_average_end"] = machine.load_average()
     summary = summarise(suite, config.sampling.greedy)
     meta = {
-        "command": _command(args), "machine": about, "wall_s": suite.wall_s,
+        "command": _command(args), "machine": about, "wall_s": suite.wall_s, "verify_cost": cost,
         "settings": {"target": args.target, "drafters": args.drafter_list, "shapes": args.shape_list,
                      "budget": budget.to_dict(), "max_new_tokens": args.max_new_tokens, **config.sampling.to_dict(),
                      "seed": args.seed, "chat": args.chat, "prompts_file": args.prompts, "prompt_count": len(prompts),

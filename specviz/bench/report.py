@@ -103,6 +103,8 @@ def markdown(summary: Summary, meta: dict) -> str:
                   "Conditional: P(depth d accepted | depth d−1 accepted and drafted).", "",
                   *per_position(summary, "conditional"), "",
                   "Cumulative: P(accepted length ≥ d).", "", *per_position(summary, "cumulative"), ""]
+    if meta.get("verify_cost"):
+        lines += verify_cost_section(meta["verify_cost"])
     slower = [n for n in summary.rows[1:]
               if summary.specs[n].speculative and summary.table[n][OVERALL].slower_than_plain]
     lines += ["## Notes", ""]
@@ -116,6 +118,14 @@ def markdown(summary: Summary, meta: dict) -> str:
             lines.append(f"- `{name}`: {spec.note}.")
     lines += [f"- {text}" for text in FORMULAS.values()]
     return "\n".join(lines) + "\n"
+
+
+def verify_cost_section(cost: list[dict]) -> list[str]:
+    """How one target forward's time grows with the tokens it verifies (chain k → k + 1, tree n nodes → n + 1)."""
+    rows = [[str(c["width"]), _num(c["ms"], 1), _num(c["relative"], 2, "×")] for c in cost]
+    return ["## Target forward cost by verify width", "",
+            "One causal forward over w new tokens on the longest prompt's cached context (median of 5).", "",
+            *_table(["width", "ms", "vs width 1"], rows), ""]
 
 
 def runs_json(suite: SuiteResult) -> list[dict]:

@@ -1,0 +1,54 @@
+"""What one target forward costs as the number of tokens it verifies grows: the curve every draft budget pays.
+
+Speculative decoding assumes verifying w tokens costs about as much as one. On GPUs that holds up to a width set by
+the hardware; on CPUs matrix kernels switch strategy at small widths (on the 2-core Xeon in BENCHMARKS.md a 4-row
+matmul costs twice a 3-row one), so the best chain length and tree budget depend on this curve. The bench measures
+it on the real target, over a real cached context, so its report says where drafting more stops being free.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from specviz.engine import cache as kv
+from specviz.engine.target import Target
+from specviz.engine.verify import masked_forward, prefill
+from specviz.errors import SpecvizError
+
+DEFAULT_WIDTHS = (1, 2, 3, 4, 5, 8, 16)
+
+
+def widths_for(k: int, budget: int) -> list[int]:
+    """The default widths plus the benchmark's own chain (k + 1) and tree (budget + 1) verify widths."""
+    return sorted({*DEFAULT_WIDTHS, k + 1, budget + 1})
+
+
+def measure(target: Target, context: list[int], widths: list[int], repeats: int = 5) -> list[dict]:
+    """Median milliseconds of a causal target forward over ``w`` new tokens after ``context``, for each width.
+
+    The cache is cropped back after every forward, so each one sees the same context length. Returns
+    ``[{"width", "ms", "relative"}]`` where ``relative`` is the cost over the narrowest forward (width 1 by default).
+    """
+    if not context:
+        raise SpecvizError("verify cost: the context is empty")
+    if not widths or min(widths) < 1 or repeats < 1:
+        raise SpecvizError(f"verify cost: widths and repeats must be at least 1, got {widths} and {repeats}")
+    if len(context) + max(widths) > target.max_positions:
+        raise SpecvizError(f"verify cost: {len(context)} context tokens plus width {max(widths)} exceed the "
+                           f"target's {target.max_positions} positions")
+    cache = kv.new_cache(target.model, len(context) + max(widths), target.name)
+    prefill(target.model, cache, context)
+    past = len(context)
+    filler = (context * (max(widths) // len(context) + 1))[: max(widths)]  # real token ids, never out of range
+    timings: dict[int, float] = {}
+    for width in [widths[0], *widths]:  # the first forward warms up kernels and is not kept
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            masked_forward(target.model, cache, filler[:width], list(range(past, past + width)), None)
+            samples.append(time.perf_counter() - started)
+            kv.crop_to(cache, past)
+        timings[width] = statistics.median(samples) * 1000
+    base = timings[min(timings)]
+    return [{"width": w, "ms": timings[w], "relative": timings[w] / base} for w in sorted(set(widths))]
