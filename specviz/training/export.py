@@ -100,7 +100,7 @@ fp16 safetensors ({size:.1f} MiB).
 
 ## Data (built by the training command; nothing here comes from Spec-Bench)
 - Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
-  {args.prompts} generated prompts: templates over corpus passages and stdlib functions (summarise, answer from a
+  {args.prompts + args.extra_prompts} generated prompts: templates over corpus passages and stdlib functions (summarise, answer from a
   passage, translate, extract, continue a story, explain/review/test code), generated math word problems and
   general questions (science, history, writing, role-play, reasoning, coding).
 - {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,
