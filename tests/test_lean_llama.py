@@ -5,11 +5,13 @@ import tiny
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from specviz.bench.draft_forward import compare
 from specviz.drafters.base import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.lean_llama import LeanLlama, lean_forward_for
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.verify import masked_forward
+from specviz.errors import SpecvizError
 
 VOCAB = 64
 
@@ -65,3 +67,14 @@ def test_drafts_are_identical_with_and_without_the_lean_forward():
         for drafter, tree in zip(drafters, trees):
             drafter.commit(context, tree, [0])
         context = context + [trees[0].tokens[0], 21]
+
+
+def test_draft_forward_timing_compares_both_paths_and_refuses_other_architectures():
+    model = tiny.model("llama", VOCAB, layers=2)
+    result = compare(model, list(range(3, 40)), repeats=2, rounds=1)
+    assert result["transformers"] > 0 and result["lean"] > 0 and result["context"] == 37
+    assert result["speedup"] == pytest.approx(result["transformers"] / result["lean"])
+    with pytest.raises(SpecvizError, match="not a Llama configuration"):
+        compare(tiny.model("qwen2", VOCAB), list(range(3, 10)))
+    with pytest.raises(SpecvizError, match="at least 2 tokens"):
+        compare(model, [3])

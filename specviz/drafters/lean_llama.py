@@ -87,14 +87,19 @@ class LeanLlama(torch.nn.Module):
         return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, attention_mask=None,
+    def forward(self, input_ids: torch.Tensor, cache, position_ids: torch.Tensor | None = None, attention_mask=None,
                 use_cache: bool = True, logits_to_keep: int = 0) -> SimpleNamespace:
-        """Batch-1 forward on top of ``cache``; ``attention_mask`` is None (causal) or ``[1, 1, n, kv]`` additive."""
+        """Batch-1 forward on top of ``cache``; ``attention_mask`` is None (causal) or ``[1, 1, n, kv]`` additive.
+
+        ``position_ids`` default to the positions after the cached tokens, as in transformers.
+        """
         n = input_ids.shape[1]
+        past = cache.get_seq_length()
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n, device=input_ids.device)[None]
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self._rope(position_ids, hidden.dtype)
         half, rotated = self.head_dim // 2, self.heads + self.kv_heads
-        past = cache.get_seq_length()
         mask = attention_mask
         if mask is None and n > 1:  # causal over the new tokens, everything cached is visible
             mask = torch.ones(n, past + n, dtype=torch.bool, device=hidden.device).tril(past)

@@ -86,6 +86,7 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | Non
     taus = ", ".join(f"k={k}: {v:.2f}" for k, v in held["simulated_chain_tau"].items())
     per_cat = "\n".join(f"| {c} | {a:.3f} |" for c, a in held["per_category_agreement"].items())
     size = sum(f.stat().st_size for f in dest.glob("*.safetensors")) / 2**20
+    trained_prompts = args.prompts + args.extra_prompts
     text = f"""# {name}
 
 An independent draft model for speculative decoding with **{summary['target']}** (SmolLM2-135M-Instruct) as the
@@ -100,7 +101,7 @@ fp16 safetensors ({size:.1f} MiB).
 
 ## Data (built by the training command; nothing here comes from Spec-Bench)
 - Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
-  {args.prompts + args.extra_prompts} generated prompts: templates over corpus passages and stdlib functions (summarise, answer from a
+  {trained_prompts} generated prompts: templates over corpus passages and stdlib functions (summarise, answer from a
   passage, translate, extract, continue a story, explain/review/test code), generated math word problems and
   general questions (science, history, writing, role-play, reasoning, coding).
 - {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,

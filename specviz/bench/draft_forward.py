@@ -1,0 +1,81 @@
+"""``python -m specviz.bench.draft_forward``: one draft step through transformers' forward vs the lean forward.
+
+The bench reports draft milliseconds per round, which mixes the forward with the drafter's bookkeeping; this
+isolates the forward itself (one new token on top of a cached context, the shape of every chain draft step), both
+paths on the same weights, interleaved, so the ratio is what the lean path buys on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from specviz.drafters.lean_llama import lean_forward_for
+from specviz.engine import cache as kv
+from specviz.engine.verify import masked_forward, prefill
+from specviz.errors import SpecvizError
+
+
+def time_step(model: torch.nn.Module, context: list[int], repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` one-token forwards after ``context`` (cache cropped back each time)."""
+    cache = kv.new_cache(model, len(context) + 1, "draft")
+    prefill(model, cache, context[:-1])
+    past = len(context) - 1
+    samples = []
+    for _ in range(repeats + 1):  # the first call warms up and is dropped
+        started = time.perf_counter()
+        masked_forward(model, cache, context[-1:], [past], None)
+        samples.append((time.perf_counter() - started) * 1000)
+        kv.crop_to(cache, past)
+    return samples[1:]
+
+
+def compare(model: torch.nn.Module, context: list[int], repeats: int = 50, rounds: int = 3) -> dict:
+    """Median ms per draft step for both forwards, in alternating blocks; ``speedup`` = transformers ÷ lean."""
+    lean = lean_forward_for(model)
+    if lean is None:
+        raise SpecvizError(f"{type(model).__name__} is not a Llama configuration the lean forward reproduces")
+    if len(context) < 2:
+        raise SpecvizError("draft forward timing needs a context of at least 2 tokens")
+    times: dict[str, list[float]] = {"transformers": [], "lean": []}
+    for _ in range(rounds):
+        times["transformers"] += time_step(model, context, repeats)
+        times["lean"] += time_step(lean, context, repeats)
+    result = {name: statistics.median(values) for name, values in times.items()}
+    result["speedup"] = result["transformers"] / result["lean"]
+    result["context"] = len(context)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draft", default="smollm2-135m-draft", help="registry name or model directory")
+    parser.add_argument("--context", type=int, default=300, help="cached context length in tokens")
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    from specviz.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        loaded = load_model(args.draft)
+        generator = torch.Generator().manual_seed(0)
+        vocab = loaded.model.config.vocab_size
+        context = torch.randint(0, vocab, (args.context,), generator=generator).tolist()
+        result = compare(loaded.model, context, args.repeats)
+    except SpecvizError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result["threads"] = torch.get_num_threads()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
