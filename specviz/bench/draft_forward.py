@@ -11,13 +11,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 import torch
 
+from specviz.bench.verify_cost import time_forward
 from specviz.drafters.lean_llama import lean_forward_for
 from specviz.engine import cache as kv
-from specviz.engine.verify import masked_forward, prefill
+from specviz.engine.verify import prefill
 from specviz.errors import SpecvizError
 
 
@@ -25,14 +25,7 @@ def time_step(model: torch.nn.Module, context: list[int], repeats: int) -> list[
     """Milliseconds of each of ``repeats`` one-token forwards after ``context`` (cache cropped back each time)."""
     cache = kv.new_cache(model, len(context) + 1, "draft")
     prefill(model, cache, context[:-1])
-    past = len(context) - 1
-    samples = []
-    for _ in range(repeats + 1):  # the first call warms up and is dropped
-        started = time.perf_counter()
-        masked_forward(model, cache, context[-1:], [past], None)
-        samples.append((time.perf_counter() - started) * 1000)
-        kv.crop_to(cache, past)
-    return samples[1:]
+    return time_forward(model, cache, context[-1:], len(context) - 1, repeats + 1)[1:]  # the first warms up
 
 
 def compare(model: torch.nn.Module, context: list[int], repeats: int = 50, rounds: int = 3) -> dict:

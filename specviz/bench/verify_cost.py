@@ -24,6 +24,17 @@ def widths_for(k: int, budget: int) -> list[int]:
     return sorted({*DEFAULT_WIDTHS, k + 1, budget + 1})
 
 
+def time_forward(model, cache, tokens: list[int], past: int, repeats: int) -> list[float]:
+    """Milliseconds of ``repeats`` causal forwards of ``tokens`` after ``past`` cached ones (cropped back each time)."""
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        masked_forward(model, cache, tokens, list(range(past, past + len(tokens))), None)
+        samples.append((time.perf_counter() - started) * 1000)
+        kv.crop_to(cache, past)
+    return samples
+
+
 def measure(target: Target, context: list[int], widths: list[int], repeats: int = 5) -> list[dict]:
     """Median milliseconds of a causal target forward over ``w`` new tokens after ``context``, for each width.
 
@@ -43,12 +54,6 @@ def measure(target: Target, context: list[int], widths: list[int], repeats: int 
     filler = (context * (max(widths) // len(context) + 1))[: max(widths)]  # real token ids, never out of range
     timings: dict[int, float] = {}
     for width in [widths[0], *widths]:  # the first forward warms up kernels and is not kept
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            masked_forward(target.model, cache, filler[:width], list(range(past, past + width)), None)
-            samples.append(time.perf_counter() - started)
-            kv.crop_to(cache, past)
-        timings[width] = statistics.median(samples) * 1000
+        timings[width] = statistics.median(time_forward(target.model, cache, filler[:width], past, repeats))
     base = timings[min(timings)]
     return [{"width": w, "ms": timings[w], "relative": timings[w] / base} for w in sorted(set(widths))]
