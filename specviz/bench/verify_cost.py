@@ -1,8 +1,8 @@
 """What one target forward costs as the number of tokens it verifies grows: the curve every draft budget pays.
 
 Speculative decoding assumes verifying w tokens costs about as much as one. On GPUs that holds up to a width set by
-the hardware; on CPUs matrix kernels switch strategy at small widths (on the 2-core Xeon in BENCHMARKS.md a 4-row
-matmul costs twice a 3-row one), so the best chain length and tree budget depend on this curve. The bench measures
+the hardware; on CPUs it can break at small widths (on the 2-core Xeon of BENCHMARKS.md run 7, 3 tokens cost 1.35×
+one token and 4 tokens 1.79×), so the best chain length and tree budget depend on this curve. The bench measures
 it on the real target, over a real cached context, so its report says where drafting more stops being free.
 """
 
