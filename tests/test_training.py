@@ -221,7 +221,7 @@ def test_cli_end_to_end_exports_a_loadable_fp16_drafter(tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["steps"] == 4 and "top1_agreement" in metrics["heldout"]
     card = (export / "README.md").read_text()
-    assert "tiny-draft" in card and "--steps 4" in card
+    assert "tiny-draft" in card and "--steps 4" in card and "No benchmark prompt was trained on" in card
     clear_cache()
     draft = load_model(str(export), role="draft")
     assert json.loads((export / "config.json").read_text())["dtype"] == "float16"
@@ -234,3 +234,99 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: unknown model")
+
+
+def _write_prompt_file(path: Path, per_category: int = 4) -> Path:
+    rows = [{"question_id": f"{c}{i}", "category": c, "turns": [f"{c} question {i} about the cat", "second turn"]}
+            for i in range(per_category) for c in ("writing", "qa")]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_prompt_file_holds_out_exactly_what_the_bench_evaluates(tmp_path):
+    from specviz.bench.prompts import load_prompts, select
+    from specviz.training.prompts import file_prompts
+
+    path = _write_prompt_file(tmp_path / "q.jsonl")
+    train, held = file_prompts(str(path), 2)
+    benched = select(load_prompts(path), limit_per_category=2)
+    assert sorted((p.category, p.text) for p in held) == sorted((p.category, p.text) for p in benched)
+    assert len(train) == 4 and not {p.text for p in train} & {p.text for p in held}
+    assert all("second turn" not in p.text for p in train)  # first turns only, like the bench
+    assert file_prompts(str(path), 0)[1] == [] and file_prompts(str(path), 9)[0] == []
+    with pytest.raises(SpecvizError, match="holdout"):
+        file_prompts(str(path), -1)
+    (tmp_path / "bad.jsonl").write_text('{"category": "qa"}\n')
+    with pytest.raises(SpecvizError, match="bad.jsonl:1"):
+        file_prompts(str(tmp_path / "bad.jsonl"), 1)
+
+
+def test_sampled_answers_follow_the_tempered_distribution_and_keep_true_top_k(tiny_target):
+    model, tok = tiny_target.model, tiny_target.tokenizer
+    with torch.no_grad():  # a peaked distribution (top token ~0.73 at T=1, ~0.36 at T=1.5) so T visibly matters
+        model.lm_head.weight.mul_(8)
+    prompt = chat_ids(tok, "the cat sat")
+    logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    temperature, draws = 1.5, 600
+    generator = torch.Generator().manual_seed(0)
+    results = greedy_batch(model, [prompt] * draws, max_new_tokens=1, eos=set(), pad_id=3, topk=4,
+                           temperature=temperature, generator=generator)
+    firsts = torch.tensor([answer[0] for answer, _, _ in results])
+    expected = torch.softmax(logits / temperature, dim=-1)
+    true_p, true_i = torch.softmax(logits, dim=-1).topk(4)
+    for token in expected.topk(3).indices:  # each frequent token within 4.5 standard errors of its probability
+        p = float(expected[token])
+        observed = float((firsts == token).float().mean())
+        assert abs(observed - p) < 4.5 * (p * (1 - p) / draws) ** 0.5, (int(token), observed, p)
+    assert len(set(firsts.tolist())) > 1  # really sampled, not argmax
+    _, top_i, top_p = results[0]
+    assert torch.equal(top_i[0], true_i) and torch.allclose(top_p[0], true_p, atol=1e-5)  # temperature-1 labels
+    again = greedy_batch(model, [prompt] * 8, max_new_tokens=4, eos=set(), pad_id=3, topk=4, temperature=temperature,
+                         generator=torch.Generator().manual_seed(7))
+    same = greedy_batch(model, [prompt] * 8, max_new_tokens=4, eos=set(), pad_id=3, topk=4, temperature=temperature,
+                        generator=torch.Generator().manual_seed(7))
+    assert [a for a, _, _ in again] == [a for a, _, _ in same]  # seeded
+
+
+def test_checkpoints_are_pruned_to_the_newest(tmp_path):
+    from specviz.training.checkpoint import latest_checkpoint, save_checkpoint
+
+    student = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(student.parameters())
+    student(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    for step in (2, 4, 6, 8, 10):
+        save_checkpoint(tmp_path / f"step-{step:06d}", step, student, optimizer, {}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000008", "step-000010"]
+    assert latest_checkpoint(tmp_path).name == "step-000010"
+
+
+def test_cli_trains_on_a_prompt_file_and_reports_its_held_out_part(tmp_path, capsys):
+    target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(story(3, 600))
+    prompts = _write_prompt_file(tmp_path / "q.jsonl", per_category=3)
+    common = ["draft-lm", "--target", str(target_dir), "--data", str(corpus), "--out", str(tmp_path / "run"),
+              "--steps", "2", "--batch-size", "2", "--seq-len", "48", "--prompts", "4", "--eval-prompts", "2",
+              "--gen-tokens", "5", "--gen-batch", "4", "--corpus-tokens", "100", "--hidden", "16", "--layers", "1",
+              "--cache-dir", str(tmp_path / "cache")]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*common, "--prompt-file", str(prompts), "--prompt-file-holdout", "1", "--sampled-answers", "1",
+                 "--prompt-file-repeat", "2", "--export", str(tmp_path / "export")]) == 0
+    plain = json.loads((tmp_path / "plain" / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert plain["heldout_prompt_files"] is None
+    assert metrics["heldout_prompt_files"]["sequences"] == 2  # the first prompt of each of the 2 categories
+    # 2 training prompts per category x 2 categories, one greedy + one sampled answer each, repeated twice
+    assert metrics["train_sequences"] - plain["train_sequences"] == 4 * 2 * 2
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "except the first 1 prompts of each category" in card and "Held-out prompt-file prompts" in card
+    cached = {p.name.split("-")[0] + "-" + p.name.split("-")[1] for p in (tmp_path / "cache" / "features").iterdir()}
+    assert {"file-answers", "file-sampled", "file-heldout"} <= cached
+    for bad, message in ((["--prompt-file", str(tmp_path / "none.jsonl")], "does not exist"),
+                         (["--prompt-file", str(prompts), "--sampled-answers", "-1"], "0 or more"),
+                         (["--prompt-file", str(prompts), "--sampled-answers", "1", "--sample-temperature", "0"],
+                          "above 0")):
+        capsys.readouterr()
+        assert main([*common, *bad]) == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]

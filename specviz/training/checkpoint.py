@@ -14,10 +14,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+#: Checkpoints kept per run: a 17M-parameter student's checkpoint is ~200 MB, so keeping every one fills disks.
+KEEP_CHECKPOINTS = 3
+
 
 def save_checkpoint(folder: Path, step: int, student: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    extra: dict) -> None:
-    """Write a checkpoint atomically and point ``latest`` at it."""
+                    extra: dict, *, keep: int = KEEP_CHECKPOINTS) -> None:
+    """Write a checkpoint atomically, point ``latest`` at it, and delete all but the newest ``keep`` siblings."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -46,6 +49,14 @@ def save_checkpoint(folder: Path, step: int, student: torch.nn.Module, optimizer
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     (folder.parent / "latest").write_text(folder.name + "\n")
+    prune_checkpoints(folder.parent, keep)
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Remove ``step-*`` folders older than the newest ``keep`` (names sort by step: they are zero-padded)."""
+    folders = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in folders[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -46,6 +46,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-prompts", type=int, default=0,
                         help="more training-only prompts, appended so the held-out split stays the same")
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
+    parser.add_argument("--prompt-file", nargs="+", default=[], type=str,
+                        help="Spec-Bench-style question.jsonl files whose first turns the target also answers")
+    parser.add_argument("--prompt-file-holdout", type=int, default=2,
+                        help="first N prompts per category of each prompt file kept out of training and used for "
+                             "held-out metrics (specviz bench --limit-per-category N evaluates exactly those)")
+    parser.add_argument("--sampled-answers", type=int, default=0,
+                        help="extra sampled (not greedy) target answers per prompt-file training prompt")
+    parser.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of those sampled answers")
+    parser.add_argument("--prompt-file-repeat", type=int, default=1,
+                        help="repeat the prompt-file answers N times in the training mix (a mixture weight)")
     parser.add_argument("--gen-tokens", type=int, default=144, help="max answer length when self-distilling")
     parser.add_argument("--gen-batch", type=int, default=16, help="batch size of the target's answer generation")
     parser.add_argument("--corpus-tokens", type=int, default=100_000, help="corpus tokens annotated with target top-k")
@@ -108,8 +118,12 @@ def train(args: argparse.Namespace) -> dict:
                     extra_prompts=args.extra_prompts,
                     gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, corpus_tokens=args.corpus_tokens,
                     seq_len=args.seq_len, topk=request.topk, layers=request.layers,
-                    stdlib_files=args.stdlib_files, seed=args.seed)
-    train_set, heldout = build_data(target, plan, args.cache_dir, log)
+                    stdlib_files=args.stdlib_files, seed=args.seed, prompt_files=tuple(args.prompt_file),
+                    prompt_file_holdout=args.prompt_file_holdout, sampled_answers=args.sampled_answers,
+                    sample_temperature=args.sample_temperature, prompt_file_repeat=args.prompt_file_repeat)
+    _check_plan(plan)
+    data = build_data(target, plan, args.cache_dir, log)
+    train_set, heldout = data.train, data.heldout
     data_seconds = time.perf_counter() - started
     log(f"data ready in {data_seconds:.0f}s: {train_set.num_sequences} train sequences "
         f"({int(train_set.loss_mask.sum())} trained positions), {heldout.num_sequences} held-out answers")
@@ -124,7 +138,9 @@ def train(args: argparse.Namespace) -> dict:
     train_started = time.perf_counter()
     result = fit(trainer, student, train_set, config, out, log=log)
     train_seconds = time.perf_counter() - train_started
-    metrics = evaluate_agreement(lambda ids: trainer.predict_argmax(student, ids), heldout)
+    predict = lambda ids: trainer.predict_argmax(student, ids)  # noqa: E731
+    metrics = evaluate_agreement(predict, heldout)
+    file_metrics = evaluate_agreement(predict, data.heldout_files) if data.heldout_files is not None else None
     final = out / "final"
     trainer.save_pretrained(student, final)
     history = result["history"]
@@ -135,7 +151,8 @@ def train(args: argparse.Namespace) -> dict:
         "final_train_agree": history[-1].get("agree") if history else None,
         "data_seconds": data_seconds, "train_seconds": train_seconds,
         "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
-        "heldout": metrics, "command": command, "student_config": student.config.to_dict(), "history": history,
+        "heldout": metrics, "heldout_prompt_files": file_metrics,
+        "command": command, "student_config": student.config.to_dict(), "history": history,
     }
     previous = out / "metrics.json"
     if args.resume and previous.is_file():  # a resumed run is reproduced by the chain of commands that made it
@@ -144,12 +161,27 @@ def train(args: argparse.Namespace) -> dict:
     previous.write_text(json.dumps(summary, indent=2))
     log(f"held-out top-1 agreement {metrics['top1_agreement']:.3f}, simulated chain tau "
         f"{metrics['simulated_chain_tau']}; saved {final}")
+    if file_metrics:
+        log(f"held-out prompt-file answers: top-1 agreement {file_metrics['top1_agreement']:.3f}, simulated chain "
+            f"tau {file_metrics['simulated_chain_tau']}")
     if args.export:
         export_model(final, args.export)
         write_model_card(args.export, summary, name=args.name or args.export.name)
         log(f"exported fp16 weights and model card to {args.export}")
     log_file.close()
     return summary
+
+
+def _check_plan(plan: DataPlan) -> None:
+    """Out-of-range data options are one-line errors before the slow data stages start."""
+    if plan.sampled_answers < 0 or plan.prompt_file_repeat < 1 or plan.prompt_file_holdout < 0:
+        raise SpecvizError("--sampled-answers and --prompt-file-holdout must be 0 or more, --prompt-file-repeat 1 or "
+                           "more")
+    if plan.sampled_answers and not plan.sample_temperature > 0:
+        raise SpecvizError(f"--sample-temperature must be above 0, got {plan.sample_temperature}")
+    for path in plan.prompt_files:
+        if not Path(path).is_file():
+            raise SpecvizError(f"prompt file {path} does not exist")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,6 @@
-"""Build (and cache) the training data every trainer shares: the target's own chat answers and corpus text
-annotated with the target's outputs. Each stage is cached in shards, so an interrupted run resumes where it stopped.
+"""Build (and cache) the training data every trainer shares: the target's own chat answers (to generated prompts
+and to prompt files) and corpus text annotated with the target's outputs. Each stage is cached in shards, so an
+interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from pathlib import Path
 
 from specviz.training.features import FeatureSet, cache_key, extract_features
 from specviz.training.generate import self_distill
-from specviz.training.prompts import Prompt, build_prompts
+from specviz.training.prompts import Prompt, build_prompts, file_prompts
 from specviz.training.text_sources import Document, iter_documents
 
 SHARD_PROMPTS = 96
+#: Prompt files hold real requests (summaries of whole articles): answer them from their full text, not a tail.
+FILE_PROMPT_TOKENS = 2048
 
 
 @dataclass
@@ -32,6 +35,21 @@ class DataPlan:
     layers: tuple[int, ...] = ()
     stdlib_files: int = 400
     seed: int = 0
+    prompt_files: tuple[str, ...] = ()
+    prompt_file_holdout: int = 2
+    sampled_answers: int = 0
+    sample_temperature: float = 0.8
+    prompt_file_repeat: int = 1
+
+
+@dataclass
+class TrainingData:
+    """What a trainer gets: the training set, held-out answers to generated prompts and, when prompt files were
+    given, held-out answers to their first prompts per category (the benchmark's own kind of request)."""
+
+    train: FeatureSet
+    heldout: FeatureSet
+    heldout_files: FeatureSet | None = None
 
 
 def split_prompts(prompts: list[Prompt], eval_count: int, seed: int) -> tuple[list[Prompt], list[Prompt]]:
@@ -43,12 +61,15 @@ def split_prompts(prompts: list[Prompt], eval_count: int, seed: int) -> tuple[li
     return [prompts[i] for i in train], [prompts[i] for i in held]
 
 
-def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str, log=print) -> FeatureSet:
-    """The target's greedy answers to ``prompts`` with top-k, generated in cached shards."""
+def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str, log=print, *,
+            temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = 640) -> FeatureSet:
+    """The target's answers to ``prompts`` with top-k (greedy, or sampled at ``temperature``), in cached shards."""
     shards = []
+    # options at their defaults stay out of the key, so caches built before they existed remain valid
+    extra = [] if (temperature, max_prompt_tokens) == (0.0, 640) else [temperature, seed, max_prompt_tokens]
     for start in range(0, len(prompts), SHARD_PROMPTS):
         chunk = prompts[start:start + SHARD_PROMPTS]
-        key = cache_key("answers", target.source, plan.gen_tokens, plan.topk, [p.text for p in chunk])
+        key = cache_key("answers", target.source, plan.gen_tokens, plan.topk, [p.text for p in chunk], *extra)
         path = cache / "features" / f"{tag}-{key}.safetensors"
         if path.is_file():
             shards.append(FeatureSet.load(path))
@@ -56,12 +77,14 @@ def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str
         log(f"{tag}: answering prompts {start}..{start + len(chunk)} of {len(prompts)}")
         shard = self_distill(target.model, target.tokenizer, [p.text for p in chunk],
                              categories=[p.category for p in chunk], max_new_tokens=plan.gen_tokens,
-                             batch_size=plan.gen_batch, topk=plan.topk)
+                             batch_size=plan.gen_batch, topk=plan.topk, max_prompt_tokens=max_prompt_tokens,
+                             temperature=temperature, seed=seed + start)
         shard.save(path, {"kind": "answers", "target": target.source})
         shards.append(shard)
     result = FeatureSet.concat(shards)
     if plan.layers:  # hidden-state trainers need a forward pass over the full sequences
-        key = cache_key("answer-hidden", target.source, plan.layers, [p.text for p in prompts], plan.gen_tokens)
+        key = cache_key("answer-hidden", target.source, plan.layers, [p.text for p in prompts], plan.gen_tokens,
+                        *extra)
         path = cache / "features" / f"{tag}-hidden-{key}.safetensors"
         if path.is_file():
             return FeatureSet.load(path)
@@ -109,8 +132,30 @@ def corpus_features(target, documents: list[Document], plan: DataPlan, cache: Pa
     return result
 
 
-def build_data(target, plan: DataPlan, cache: Path, log=print) -> tuple[FeatureSet, FeatureSet]:
-    """(train, held-out) feature sets; held-out = target answers to prompts never trained on."""
+def prompt_file_answers(target, plan: DataPlan, cache: Path, log=print) -> tuple[list[FeatureSet], FeatureSet | None]:
+    """(training parts, held-out answers) from the prompt files: one greedy answer per training prompt plus
+    ``sampled_answers`` sampled ones, the whole repeated ``prompt_file_repeat`` times (a mixture weight)."""
+    if not plan.prompt_files:
+        return [], None
+    train: list[Prompt] = []
+    held: list[Prompt] = []
+    for path in plan.prompt_files:
+        more_train, more_held = file_prompts(path, plan.prompt_file_holdout)
+        train += more_train
+        held += more_held
+    log(f"prompt files: {len(train)} training prompts, {len(held)} held out "
+        f"(the first {plan.prompt_file_holdout} per category)")
+    options = {"max_prompt_tokens": FILE_PROMPT_TOKENS}
+    parts = [answers(target, train, plan, cache, "file-answers", log, **options)] if train else []
+    for sample in range(plan.sampled_answers):
+        parts.append(answers(target, train, plan, cache, "file-sampled", log, temperature=plan.sample_temperature,
+                             seed=plan.seed + 1000 * (sample + 1), **options))
+    heldout = answers(target, held, plan, cache, "file-heldout", log, **options) if held else None
+    return parts * max(1, plan.prompt_file_repeat), heldout
+
+
+def build_data(target, plan: DataPlan, cache: Path, log=print) -> TrainingData:
+    """Training set and held-out sets; held-out = target answers to prompts never trained on."""
     documents = list(iter_documents(plan.sources, stdlib_limit=plan.stdlib_files, seed=plan.seed))
     base = plan.prompts + plan.eval_prompts
     # build_prompts is prefix-stable, so extra prompts extend the training set without moving the held-out split
@@ -120,7 +165,9 @@ def build_data(target, plan: DataPlan, cache: Path, log=print) -> tuple[FeatureS
     train_parts = [answers(target, train_prompts, plan, cache, "answers", log)]
     if plan.extra_prompts:
         train_parts.append(answers(target, prompts[base:], plan, cache, "answers", log))
+    file_parts, held_files = prompt_file_answers(target, plan, cache, log)
+    train_parts += file_parts
     corpus = corpus_features(target, documents, plan, cache, log)
     if corpus is not None:
         train_parts.append(corpus)
-    return FeatureSet.concat(train_parts), held
+    return TrainingData(FeatureSet.concat(train_parts), held, held_files)

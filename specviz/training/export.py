@@ -73,6 +73,39 @@ def _engine_section(engine: dict | None) -> str:
     return "\n".join(lines)
 
 
+def _prompt_file_data(args: argparse.Namespace) -> str:
+    """The Data bullet for prompt-file answers, or a line saying no benchmark text was used."""
+    files, held, sampled = args.prompt_file, args.prompt_file_holdout, args.sampled_answers
+    if not files:
+        return "- No benchmark prompt was trained on."
+    extra = (f" plus {sampled} answer(s) sampled at temperature {args.sample_temperature} per prompt (labels stay the "
+             f"target's temperature-1 top-{args.topk})") if sampled else ""
+    return (f"- The target's greedy answers to the first turns of `{' '.join(files)}`{extra}, repeated "
+            f"{args.prompt_file_repeat}× in the mix, **except the first {held} prompts of each "
+            f"category**, which are held out: `specviz bench --limit-per-category {held}` or less evaluates only "
+            f"prompts the draft never saw.")
+
+
+def _prompt_file_agreement(args: argparse.Namespace, held: dict | None) -> str:
+    """Agreement on the prompt files' held-out prompts (the benchmark's own kind of request), when there are any."""
+    if not held:
+        return ""
+    taus = ", ".join(f"k={k}: {v:.2f}" for k, v in held["simulated_chain_tau"].items())
+    rows = "\n".join(f"| {c} | {a:.3f} |" for c, a in held["per_category_agreement"].items())
+    return f"""
+### Held-out prompt-file prompts
+The first {args.prompt_file_holdout} prompts per category of the prompt file, never trained on
+({held['sequences']} greedy target answers, {held['positions']} positions):
+
+- **top-1 agreement**: **{held['top1_agreement']:.3f}**
+- replayed greedy chain τ: {taus}.
+
+| category | top-1 agreement |
+| --- | --- |
+{rows}
+"""
+
+
 def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | None = None) -> None:
     """README.md: architecture, data, steps, loss, held-out agreement, engine τ, and the retraining command."""
     args = _run_arguments(summary["command"])
@@ -99,11 +132,12 @@ heads ({cfg['num_key_value_heads']} KV heads), MLP {cfg['intermediate_size']}, t
 initialised from a PCA projection of the target's embedding matrix. {summary['parameters'] / 1e6:.1f}M parameters,
 fp16 safetensors ({size:.1f} MiB).
 
-## Data (built by the training command; nothing here comes from Spec-Bench)
+## Data (built by the training command)
 - Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
   {trained_prompts} generated prompts: templates over corpus passages and stdlib functions (summarise, answer from a
   passage, translate, extract, continue a story, explain/review/test code), generated math word problems and
   general questions (science, history, writing, role-play, reasoning, coding).
+{_prompt_file_data(args)}
 - {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,
   CRLF and licence blocks stripped, and {args.stdlib_files} Python stdlib files) annotated with the target's
   top-{args.topk} probabilities.
@@ -128,7 +162,7 @@ sequences of ≤ {args.seq_len} tokens, seed {args.seed}; {summary['train_sequen
 | category | top-1 agreement |
 | --- | --- |
 {per_cat}
-
+{_prompt_file_agreement(args, summary.get("heldout_prompt_files"))}
 ## Speculative decoding with the engine
 {_engine_section(engine)}
 

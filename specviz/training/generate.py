@@ -1,4 +1,4 @@
-"""Self-distillation data: the target's own greedy chat answers, with its top-k probabilities captured for free.
+"""Self-distillation data: the target's own chat answers, with its top-k probabilities captured for free.
 
 Batched greedy decoding with left padding (≈10× the batch-1 rate on CPU); finished rows leave the batch (their KV
 rows are dropped) so long answers do not keep short ones busy. The logits computed while decoding are exactly the
@@ -32,10 +32,12 @@ def stop_ids(tokenizer, model) -> set[int]:
 
 @torch.no_grad()
 def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, eos: set[int], pad_id: int,
-                 topk: int = 8) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """Greedy answers for a batch of prompts: per prompt (answer ids, top-k ids [n, k], top-k probs [n, k]).
+                 topk: int = 8, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Answers for a batch of prompts: per prompt (answer ids, top-k ids [n, k], top-k probs [n, k]).
 
-    Row ``t`` of the top-k arrays is the target's distribution that chose answer token ``t``.
+    Greedy by default; ``temperature`` > 0 samples instead (more varied contexts for the drafter to learn from).
+    Row ``t`` of the top-k arrays is always the target's own (temperature-1) distribution at answer position ``t``.
     """
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
@@ -57,7 +59,11 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, eos: s
     for _step in range(max_new_tokens):
         probs = torch.softmax(logits.float(), dim=-1)
         top_p, top_i = probs.topk(topk, dim=-1)
-        nxt = top_i[:, 0]
+        if temperature > 0:
+            scaled = torch.softmax(logits.float() / temperature, dim=-1)
+            nxt = torch.multinomial(scaled.cpu(), 1, generator=generator).flatten().to(device)
+        else:
+            nxt = top_i[:, 0]
         done = torch.isin(nxt, eos_t)
         for row, orig in enumerate(alive):
             answers[orig].append(int(nxt[row]))
@@ -79,8 +85,10 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, eos: s
 
 def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] | None = None,
                  max_new_tokens: int = 160, batch_size: int = 24, topk: int = 8,
-                 max_prompt_tokens: int = 640) -> FeatureSet:
-    """Answer every prompt greedily; return prompt+answer sequences with top-k on the answer positions only."""
+                 max_prompt_tokens: int = 640, temperature: float = 0.0, seed: int = 0) -> FeatureSet:
+    """Answer every prompt (greedy, or sampled at ``temperature`` with ``seed``); return prompt+answer sequences
+    with top-k on the answer positions only. Prompts longer than ``max_prompt_tokens`` keep their last tokens."""
+    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
     encoded = [chat_ids(tokenizer, text)[-max_prompt_tokens:] for text in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     eos = stop_ids(tokenizer, model)
@@ -90,7 +98,8 @@ def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] 
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             for i, result in zip(batch, greedy_batch(model, [encoded[i] for i in batch], max_new_tokens=max_new_tokens,
-                                                     eos=eos, pad_id=pad_id, topk=topk)):
+                                                     eos=eos, pad_id=pad_id, topk=topk, temperature=temperature,
+                                                     generator=generator)):
                 results[i] = result
             bar.update(len(batch))
     ids, masks, t_ids, t_probs, starts = [], [], [], [], [0]

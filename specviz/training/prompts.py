@@ -1,7 +1,9 @@
-"""Training prompts for self-distillation, written from templates over corpus passages and generated problems.
+"""Training prompts for self-distillation: generated from templates, or read from a prompt file with a held-out part.
 
-They mimic the *kinds* of request in Spec-Bench (translate, summarise, answer, reason, write, code, extract) so the
-drafter sees the target's chat-answer style, but none is taken from the benchmark, which stays for evaluation.
+The generated ones mimic the *kinds* of request in Spec-Bench (translate, summarise, answer, reason, write, code,
+extract) so the drafter sees the target's chat-answer style without any benchmark text. A prompt file (Spec-Bench's
+``question.jsonl`` format) adds real requests of the benchmark's distribution; its first prompts per category stay
+held out, because those are the ones the benchmark evaluates.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from specviz.errors import SpecvizError
 from specviz.training.text_sources import Document, code_snippets, passages
 
 LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese", "Russian")
@@ -141,3 +144,22 @@ def build_prompts(documents: list[Document], count: int, *, seed: int = 0) -> li
             seen.add(prompt.text)
             out.append(prompt)
     return out
+
+
+def file_prompts(path: str, holdout_per_category: int) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, held-out) first-turn prompts of a Spec-Bench-style ``question.jsonl``.
+
+    The first ``holdout_per_category`` prompts of each category (file order) are held out: exactly the ones
+    ``specviz bench --limit-per-category N`` evaluates for any N up to it, so training never sees them.
+    """
+    from specviz.bench.prompts import load_prompts  # the bench's reader, so both sides parse the file alike
+
+    if holdout_per_category < 0:
+        raise SpecvizError(f"prompt-file holdout must be 0 or more, got {holdout_per_category}")
+    train: list[Prompt] = []
+    held: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for record in load_prompts(path):
+        rank = seen[record.category] = seen.get(record.category, 0) + 1
+        (held if rank <= holdout_per_category else train).append(Prompt(record.category, record.text))
+    return train, held
