@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specviz.training.features import FeatureSet, cache_key, extract_features
-from specviz.training.generate import self_distill
+from specviz.training.generate import MAX_PROMPT_TOKENS, self_distill
 from specviz.training.prompts import Prompt, build_prompts, file_prompts
 from specviz.training.text_sources import Document, iter_documents
 
@@ -62,11 +62,12 @@ def split_prompts(prompts: list[Prompt], eval_count: int, seed: int) -> tuple[li
 
 
 def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str, log=print, *,
-            temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = 640) -> FeatureSet:
+            temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> FeatureSet:
     """The target's answers to ``prompts`` with top-k (greedy, or sampled at ``temperature``), in cached shards."""
     shards = []
     # options at their defaults stay out of the key, so caches built before they existed remain valid
-    extra = [] if (temperature, max_prompt_tokens) == (0.0, 640) else [temperature, seed, max_prompt_tokens]
+    defaults = (temperature, max_prompt_tokens) == (0.0, MAX_PROMPT_TOKENS)
+    extra = [] if defaults else [temperature, seed, max_prompt_tokens]
     for start in range(0, len(prompts), SHARD_PROMPTS):
         chunk = prompts[start:start + SHARD_PROMPTS]
         key = cache_key("answers", target.source, plan.gen_tokens, plan.topk, [p.text for p in chunk], *extra)

@@ -78,9 +78,9 @@ def _prompt_file_data(args: argparse.Namespace) -> str:
     files, held, sampled = args.prompt_file, args.prompt_file_holdout, args.sampled_answers
     if not files:
         return "- No benchmark prompt was trained on."
-    extra = (f" plus {sampled} answer(s) sampled at temperature {args.sample_temperature} per prompt (labels stay the "
-             f"target's temperature-1 top-{args.topk})") if sampled else ""
-    return (f"- The target's greedy answers to the first turns of `{' '.join(files)}`{extra}, repeated "
+    extra = (f" and {sampled} more sampled at temperature {args.sample_temperature} per prompt (their labels are "
+             f"still the target's temperature-1 top-{args.topk})") if sampled else ""
+    return (f"- The target's greedy answers to the first turns of `{' '.join(files)}`{extra}, repeated\n  "
             f"{args.prompt_file_repeat}× in the mix, **except the first {held} prompts of each "
             f"category**, which are held out: `specviz bench --limit-per-category {held}` or less evaluates only "
             f"prompts the draft never saw.")

@@ -12,6 +12,9 @@ from tqdm import tqdm
 
 from specviz.training.features import FeatureSet
 
+#: Longest prompt answered by default (generated prompts are shorter; longer ones keep their last tokens).
+MAX_PROMPT_TOKENS = 640
+
 
 def chat_ids(tokenizer, user_text: str) -> list[int]:
     """The target's chat template around one user turn, ending with the assistant header."""
@@ -85,7 +88,7 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, eos: s
 
 def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] | None = None,
                  max_new_tokens: int = 160, batch_size: int = 24, topk: int = 8,
-                 max_prompt_tokens: int = 640, temperature: float = 0.0, seed: int = 0) -> FeatureSet:
+                 max_prompt_tokens: int = MAX_PROMPT_TOKENS, temperature: float = 0.0, seed: int = 0) -> FeatureSet:
     """Answer every prompt (greedy, or sampled at ``temperature`` with ``seed``); return prompt+answer sequences
     with top-k on the answer positions only. Prompts longer than ``max_prompt_tokens`` keep their last tokens."""
     generator = torch.Generator().manual_seed(seed) if temperature > 0 else None

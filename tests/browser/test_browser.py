@@ -243,6 +243,11 @@ def test_xss_prompt_renders_as_text(page):
     page.fill("max-new-tokens", "8")
     page.page.click("#run")
     page.wait_status("Done")
+    # this run's tokens, not the stopped run's from the test before (its panel can outlive the status change)
+    page.page.wait_for_function(
+        "(e => e && e.innerText.replaceAll('\u2423', ' ').includes('Repeat exactly'))"
+        "(document.querySelector('#tokens'))",
+        timeout=60_000)
     visible = page.page.inner_text("#tokens").replace("␣", " ")
     assert XSS in visible and "<script>alert(2)</script>" in visible
     assert page.page.locator("#tokens img, #tokens script").count() == 0
