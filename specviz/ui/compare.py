@@ -82,9 +82,10 @@ def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio 
                 return
             if producer.error is not None:
                 raise gr.Error(one_line(producer.error), print_exception=False)
-            if record.summary is None:  # stopped
-                record.stop_reason = "stopped"
-                record.summary = record.trace_summary()
+            if record.summary is None or state.stopped.is_set():  # stopped (maybe just as this run finished)
+                if record.summary is None:
+                    record.stop_reason = "stopped"
+                    record.summary = record.trace_summary()
                 yield {status: panels.status_html(f"Stopped during the {name} run.", "warning"),
                        **column.render(record)}
                 return

@@ -65,8 +65,8 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
         for heavy in streaming.watch(producer, state):
             yield view.render(record, status=streaming.live_status(producer, request, record), heavy=heavy,
                               running=True)
-        if streaming.superseded(producer, state):
-            return
+        if streaming.superseded(producer, state) or state.stopped.is_set():
+            return  # a newer run or Stop drew the last frame: drawing this run's "Done" over it would be stale
         if producer.error is not None:
             message = one_line(producer.error)
             if record.rounds:
