@@ -4,7 +4,7 @@ Why: a draft model is small on purpose, so on a CPU its forward is dominated by 
 arithmetic. transformers' Llama goes through many small module and tensor calls per layer (separate q/k/v and
 gate/up projections, rotate-half with two slices and a concat, mask building, attention-interface lookup). This
 forward fuses q/k/v and gate/up into one matmul each and calls ``rms_norm``/``scaled_dot_product_attention``
-directly; for the shipped 4-layer, 256-wide draft a draft step went from 5.38 to 3.88 ms on 2 CPU cores
+directly; for the earlier shipped 4-layer, 256-wide draft a draft step went from 5.38 to 3.88 ms on 2 CPU cores
 (``python -m specviz.bench.draft_forward``, BENCHMARKS.md run 7).
 
 Only the configurations whose maths it reproduces are accepted (plain RoPE, SiLU MLP, no biases, no sliding
@@ -45,7 +45,7 @@ def lean_forward_for(model: torch.nn.Module) -> LeanLlama | None:
 class LeanLlama(torch.nn.Module):
     """Wraps a ``LlamaForCausalLM`` (weights shared; q/k/v and gate/up concatenated once) with a short forward.
 
-    The concatenated copies hold those projections a second time (about 12 MB for the shipped 4-layer draft).
+    The concatenated copies hold those projections a second time (about 12 MB for a 4-layer, 256-wide draft).
     """
 
     def __init__(self, model: torch.nn.Module):

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError, UnsupportedModelError
-from specviz.models import gguf_file, hub, memory, policy
+from specviz.models import gguf_file, hub, memory, policy, shared_embedding
 from specviz.models.device import Runtime, choose_runtime
 from specviz.models.registry import REGISTRY, RegistryEntry, get_entry
 from specviz.models.safetensors_check import weight_files
@@ -190,6 +190,8 @@ def _load_local_dir(directory: Path, runtime: Runtime, *,
             trust_remote_code=policy.trust_remote_code())
     except LOAD_ERRORS as error:  # safetensors and transformers raise many kinds on bad weights
         raise SpecvizError(f"cannot load weights from {directory}: {_first_line(error)}") from None
+    shared_embedding.attach_shared(
+        model, lambda donor: load_model(donor, device=runtime.device, dtype=runtime.dtype).model, str(directory))
     if _has_tokenizer(directory):
         tokenizer = load_tokenizer(directory)
     elif tokenizer_fallback is not None:  # e.g. a drafter shipped without tokenizer files uses its target's

@@ -63,6 +63,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topk", type=int, default=8, help="target probabilities kept per position")
     parser.add_argument("--hidden", type=int, default=None, help="student hidden size (trainer default if unset)")
     parser.add_argument("--layers", type=int, default=None, help="student decoder layers")
+    parser.add_argument("--init-layers", default=None,
+                        help="draft-lm: start from these target decoder layers, e.g. 0,1,2,3 (the student takes the "
+                             "target's shape and shares its embedding and output layer, which are not shipped)")
+    parser.add_argument("--autocast", choices=["bf16"], default=None,
+                        help="mixed precision for the training forward/backward (fp32 weights; bf16 matmuls are "
+                             "several times faster on CPUs with AMX and on GPUs)")
     parser.add_argument("--softmax-sample", type=int, default=0,
                         help="draft-lm: score the target's top-k + N random tokens instead of the full vocabulary "
                              "(sampled softmax; 0 = full softmax)")
@@ -111,7 +117,8 @@ def train(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     target = load_model(args.target, device=args.device)
     log(f"target {target.name} ({target.source}) on {target.device} loaded in {target.load_seconds:.1f}s")
-    options = {"hidden": args.hidden, "layers": args.layers, "topk": args.topk, "softmax_sample": args.softmax_sample}
+    options = {"hidden": args.hidden, "layers": args.layers, "topk": args.topk, "softmax_sample": args.softmax_sample,
+               "init_layers": args.init_layers}
     trainer = trainer_cls(target, options)
     request = trainer.features()
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
@@ -131,10 +138,12 @@ def train(args: argparse.Namespace) -> dict:
     student = trainer.build_student()
     config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                          warmup=args.warmup, seed=args.seed, save_every=args.save_every, log_every=args.log_every,
-                         resume=args.resume,
+                         resume=args.resume, autocast=args.autocast,
                          device=target.device)
     params = sum(p.numel() for p in student.parameters())
-    log(f"student {args.kind}: {params / 1e6:.1f}M parameters; training {args.steps} steps")
+    trainable = sum(p.numel() for p in student.parameters() if p.requires_grad)
+    log(f"student {args.kind}: {params / 1e6:.1f}M parameters ({trainable / 1e6:.1f}M trained); "
+        f"training {args.steps} steps")
     train_started = time.perf_counter()
     result = fit(trainer, student, train_set, config, out, log=log)
     train_seconds = time.perf_counter() - train_started
@@ -145,7 +154,8 @@ def train(args: argparse.Namespace) -> dict:
     trainer.save_pretrained(student, final)
     history = result["history"]
     summary = {
-        "kind": args.kind, "target": args.target, "parameters": params, "steps": args.steps,
+        "kind": args.kind, "target": args.target, "parameters": params, "trainable_parameters": trainable,
+        "steps": args.steps,
         "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
         "final_loss": history[-1]["loss"] if history else None,
         "final_train_agree": history[-1].get("agree") if history else None,

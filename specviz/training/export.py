@@ -15,13 +15,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from specviz.models.shared_embedding import strip_shared
+
 
 def export_model(source: Path, dest: Path, *, dtype: torch.dtype = torch.float16) -> int:
     """Copy a saved model folder to ``dest`` with weights cast to ``dtype``; return the weights' size in bytes."""
     dest.mkdir(parents=True, exist_ok=True)
+    source_config = json.loads((source / "config.json").read_text())
     for file in source.iterdir():
         if file.suffix == ".safetensors":
-            tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(file)).items()}
+            tensors = strip_shared(load_file(str(file)), source_config)  # borrowed from the target at load time
+            tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
             save_file(tensors, str(dest / file.name), metadata={"format": "pt"})
         elif file.is_file():
             shutil.copy2(file, dest / file.name)
@@ -106,6 +110,23 @@ The first {args.prompt_file_holdout} prompts per category of the prompt file, ne
 """
 
 
+def _architecture(args: argparse.Namespace, cfg: dict, summary: dict, size_mib: float) -> str:
+    """The Architecture paragraph: a small Llama from scratch, or a copy of some of the target's layers."""
+    shape = (f"hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} heads ({cfg['num_key_value_heads']} KV "
+             f"heads), MLP {cfg['intermediate_size']}")
+    stored = summary.get("trainable_parameters", summary["parameters"]) / 1e6
+    if getattr(args, "init_layers", None):
+        return (f"LlamaForCausalLM, {cfg['num_hidden_layers']} layers initialised from the target's decoder layers "
+                f"{args.init_layers} (then trained), {shape}, the target's final norm (trained).\n"
+                f"The input embedding and the tied output layer are the target's own: frozen during training and "
+                f"**not stored here**. `config.json`'s `specviz_shared_weights` names the donor, and specviz's loader "
+                f"points the draft at the loaded target's tensors (no copy), after checking a fingerprint of them.\n"
+                f"{stored:.1f}M stored parameters, fp16 safetensors ({size_mib:.1f} MiB).")
+    return (f"LlamaForCausalLM, {cfg['num_hidden_layers']} layers, {shape}, tied input/output embeddings initialised "
+            f"from a PCA projection of the target's embedding matrix. {summary['parameters'] / 1e6:.1f}M parameters, "
+            f"fp16 safetensors ({size_mib:.1f} MiB).")
+
+
 def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | None = None) -> None:
     """README.md: architecture, data, steps, loss, held-out agreement, engine τ, and the retraining command."""
     args = _run_arguments(summary["command"])
@@ -120,17 +141,15 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | Non
     per_cat = "\n".join(f"| {c} | {a:.3f} |" for c, a in held["per_category_agreement"].items())
     size = sum(f.stat().st_size for f in dest.glob("*.safetensors")) / 2**20
     trained_prompts = args.prompts + args.extra_prompts
+    precision = "; bf16 autocast, fp32 weights" if getattr(args, "autocast", None) else ""
     text = f"""# {name}
 
 An independent draft model for speculative decoding with **{summary['target']}** (SmolLM2-135M-Instruct) as the
-target, trained by specviz's `{summary['kind']}` trainer. It uses the target's tokenizer: same 49152 ids (the
-tokenizer files here are a copy, so the folder loads on its own).
+target, trained by specviz's `{summary['kind']}` trainer: a separate small LM with its own KV cache that never reads
+the target's hidden states. It uses the target's tokenizer: same 49152 ids (the tokenizer files here are a copy).
 
 ## Architecture
-LlamaForCausalLM, {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']}
-heads ({cfg['num_key_value_heads']} KV heads), MLP {cfg['intermediate_size']}, tied input/output embeddings
-initialised from a PCA projection of the target's embedding matrix. {summary['parameters'] / 1e6:.1f}M parameters,
-fp16 safetensors ({size:.1f} MiB).
+{_architecture(args, cfg, summary, size)}
 
 ## Data (built by the training command)
 - Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
@@ -145,9 +164,9 @@ fp16 safetensors ({size:.1f} MiB).
   target's argmax (the token greedy verification accepts).
 
 ## Training
-{summary['steps']} steps of AdamW (lr {args.lr}, warmup {args.warmup}, cosine to 10%), batch {args.batch_size}
-sequences of ≤ {args.seq_len} tokens, seed {args.seed}; {summary['train_sequences']} training sequences
-({summary['train_positions']} trained positions). In the last run, data loading took
+{summary['steps']} steps of AdamW (lr {args.lr}, warmup {args.warmup}, cosine to 10%{precision}), batch
+{args.batch_size} sequences of ≤ {args.seq_len} tokens, seed {args.seed}; {summary['train_sequences']} training
+sequences ({summary['train_positions']} trained positions). In the last run, data loading took
 {summary['data_seconds'] / 60:.1f} min (features come from the cache when present) and training
 {summary['train_seconds'] / 60:.1f} min on 2 CPU cores. Final training loss (last logged step):
 {summary['final_loss']:.3f}; top-1 agreement on that batch {summary['final_train_agree']:.3f}{loss_note}.{notes}

@@ -39,6 +39,7 @@ class TrainConfig:
     log_every: int = 10
     resume: bool = False
     device: str = "cpu"
+    autocast: str | None = None  # "bf16": mixed-precision forward/backward, fp32 weights and optimizer
     extra: dict = field(default_factory=dict)
 
 
@@ -118,7 +119,9 @@ def fit(trainer: Trainer, student: torch.nn.Module, train: FeatureSet, config: T
         batch = next(stream).to(config.device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
-        loss, stats = trainer.loss(student, batch)
+        with torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16,
+                            enabled=config.autocast == "bf16"):
+            loss, stats = trainer.loss(student, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), config.grad_clip)

@@ -3,6 +3,12 @@
 The 49152-row embedding is most of a small drafter's size and of its per-token cost (the output head), so the
 hidden size is small (256 by default) with tied input/output embeddings, initialised from a PCA projection of the
 target's embedding matrix: the drafter starts from the target's token geometry instead of noise.
+
+With ``init_layers`` the drafter is instead a shallow copy of the target: the chosen decoder layers (e.g. the first
+four), the final norm, and the target's own embedding and output layer, frozen and *shared* (see
+``specviz.models.shared_embedding``: the exported folder leaves them out and the loader takes them from the target).
+The layers start from weights trained on the target's pre-training data, which generalise far better than a small
+model distilled from scratch on a few thousand answers, and the big embedding costs no disk space.
 """
 
 from __future__ import annotations
@@ -13,12 +19,27 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specviz.errors import SpecvizError
+from specviz.models.shared_embedding import mark_shared
 from specviz.training.batches import Batch
 from specviz.training.losses import distill_loss
 from specviz.training.trainers.base import FeatureRequest, Trainer
 
 DEFAULTS = {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 4, "intermediate": 1024, "hard_weight": 0.5,
             "softmax_sample": 0}
+
+
+def parse_layers(spec: str | None, num_layers: int) -> list[int]:
+    """``"0,1,2,3"`` → [0, 1, 2, 3], checked against the target's ``num_layers`` (empty/None → [])."""
+    if not spec:
+        return []
+    try:
+        layers = [int(part) for part in str(spec).split(",") if part.strip()]
+    except ValueError:
+        raise SpecvizError(f"--init-layers takes comma-separated layer numbers, got {spec!r}") from None
+    if not layers or len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) >= num_layers:
+        raise SpecvizError(f"--init-layers {spec!r}: need distinct layer numbers from 0 to {num_layers - 1}")
+    return layers
 
 
 def pca_embedding(embedding: torch.Tensor, dim: int) -> torch.Tensor:
@@ -80,7 +101,12 @@ class DraftLMTrainer(Trainer):
             pad_token_id=getattr(tcfg, "pad_token_id", None),
         )
 
+    def init_layers(self) -> list[int]:
+        return parse_layers(self.options.get("init_layers"), self.target.model.config.num_hidden_layers)
+
     def build_student(self) -> LlamaForCausalLM:
+        if self.init_layers():
+            return self.build_from_target(self.init_layers())
         config = self.student_config()
         config._attn_implementation = "sdpa"
         student = LlamaForCausalLM(config)
@@ -90,6 +116,30 @@ class DraftLMTrainer(Trainer):
             init = init / init.std() * config.initializer_range * 2
             student.get_input_embeddings().weight.copy_(init)
         student.tie_weights()
+        return student
+
+    def build_from_target(self, layers: list[int]) -> LlamaForCausalLM:
+        """The target's ``layers`` (renumbered 0..n-1), final norm and shared, frozen embedding/output layer."""
+        source = self.target.model
+        if source.config.model_type != "llama":
+            raise SpecvizError(f"--init-layers needs a Llama-architecture target, got {source.config.model_type!r}")
+        if self.options.get("hidden") or self.options.get("layers"):
+            raise SpecvizError("--init-layers takes the target's shape: leave out --hidden and --layers")
+        config = LlamaConfig.from_dict({**source.config.to_dict(), "num_hidden_layers": len(layers)})
+        config._attn_implementation = "sdpa"
+        student = LlamaForCausalLM(config)
+        renumber = {f"model.layers.{old}.": f"model.layers.{new}." for new, old in enumerate(layers)}
+        state = {}
+        for name, value in source.state_dict().items():
+            if name.startswith("model.layers."):
+                prefix = ".".join(name.split(".")[:3]) + "."
+                if prefix in renumber:
+                    state[renumber[prefix] + name[len(prefix):]] = value.detach().float().clone()
+            else:
+                state[name] = value.detach().float().clone()
+        student.load_state_dict(state, strict=False)
+        student.tie_weights()
+        mark_shared(student, source, self.target.name)
         return student
 
     def loss(self, student: LlamaForCausalLM, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
