@@ -229,7 +229,12 @@ def test_shipped_drafter_loads_and_matches_the_target_tokenizer():
     assert (folder / "README.md").is_file() and json.loads((folder / "config.json").read_text())["dtype"] == "float16"
     draft = load_model(DEFAULT_DRAFT, role="draft")
     assert draft.target == DEFAULT_TARGET and draft.dtype == torch.float32 and draft.model.config.vocab_size == 49152
-    check_same_tokenizer(load_model(DEFAULT_TARGET), draft)
+    target = load_model(DEFAULT_TARGET)
+    check_same_tokenizer(target, draft)
+    # the draft borrows the target's embedding and tied output layer: same tensor, not a copy
+    embedding = target.model.get_input_embeddings().weight
+    assert draft.model.get_input_embeddings().weight.data_ptr() == embedding.data_ptr()
+    assert draft.model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
 
 
 def test_registry_drafter_without_tokenizer_files_uses_its_targets(tmp_path, monkeypatch):

@@ -106,3 +106,16 @@ def test_a_draft_paired_with_another_donor_is_refused(target_dir, tmp_path):
 def test_bad_init_layers_are_one_line_errors(target_dir, tmp_path, capsys, extra, message):
     assert _train_cli(target_dir, tmp_path, *extra) == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_loading_a_sharing_draft_silences_transformers_missing_weights_report():
+    from transformers.utils import logging as hf_logging
+
+    from specviz.models.shared_embedding import quiet_if_shared
+
+    before = hf_logging.get_verbosity()
+    with quiet_if_shared({CONFIG_KEY: {"from": "t", "tensors": ["model.embed_tokens.weight"]}}):
+        assert hf_logging.get_verbosity() == hf_logging.ERROR
+    assert hf_logging.get_verbosity() == before
+    with quiet_if_shared({"hidden_size": 8}):  # an ordinary model keeps every warning
+        assert hf_logging.get_verbosity() == before

@@ -185,9 +185,10 @@ def _load_local_dir(directory: Path, runtime: Runtime, *,
         raise SpecvizError(_remote_code_hint(directory, error)) from None
     _check_causal(config, str(directory))
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(directory), dtype=runtime.dtype, use_safetensors=True, attn_implementation=runtime.attn_implementation,
-            trust_remote_code=policy.trust_remote_code())
+        with shared_embedding.quiet_if_shared(config):  # the borrowed tensors are missing on purpose
+            model = AutoModelForCausalLM.from_pretrained(
+                str(directory), dtype=runtime.dtype, use_safetensors=True,
+                attn_implementation=runtime.attn_implementation, trust_remote_code=policy.trust_remote_code())
     except LOAD_ERRORS as error:  # safetensors and transformers raise many kinds on bad weights
         raise SpecvizError(f"cannot load weights from {directory}: {_first_line(error)}") from None
     shared_embedding.attach_shared(

@@ -86,8 +86,8 @@ _ENTRIES: tuple[RegistryEntry, ...] = (
         location="assets/models/smollm2-135m-draft",
         target=DEFAULT_TARGET,
         tokenizer_from=DEFAULT_TARGET,
-        description="independent 4-layer Llama drafter (hidden 256, tied embeddings) distilled from "
-                    "SmolLM2-135M-Instruct",
+        description="independent 6-layer Llama drafter started from SmolLM2-135M-Instruct's first six layers and "
+                    "distilled from it; borrows the target's embedding (not shipped)",
     ),
 )
 

@@ -15,7 +15,8 @@ wrong donor fails with one line instead of drafting garbage.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -66,6 +67,22 @@ def strip_shared(tensors: dict[str, torch.Tensor], config: dict) -> dict[str, to
         return tensors
     dropped = {*spec["tensors"], "lm_head.weight"} if config.get("tie_word_embeddings") else set(spec["tensors"])
     return {name: value for name, value in tensors.items() if name not in dropped}
+
+
+@contextmanager
+def quiet_if_shared(config) -> Iterator[None]:
+    """Silence transformers' "missing weights / checkpoint seems corrupted" report for tensors left out on purpose."""
+    if not spec_of(config):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
 
 
 def attach_shared(model: torch.nn.Module, load_donor: Callable[[str], torch.nn.Module], source: str) -> None:

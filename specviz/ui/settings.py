@@ -16,7 +16,7 @@ from specviz.errors import SpecvizError
 from specviz.ui import examples, runner
 
 MAX_DRAFT_VOCAB = 1 << 20
-DEFAULT_QUESTION = "245"  # Spec-Bench summarization: input-grounded, where n-gram drafting shines
+DEFAULT_QUESTION = "243"  # Spec-Bench summarization: input-grounded, where n-gram drafting shines
 
 
 @dataclass
