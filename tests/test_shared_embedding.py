@@ -14,14 +14,7 @@ from specviz.models.shared_embedding import CONFIG_KEY
 from specviz.models.tiny import save_tiny_model
 from specviz.training.cli import main
 from specviz.training.trainers import TrainConfig, fit, get_trainer
-from tests.test_training import _tiny_data, story
-
-
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    clear_cache()
-    yield
-    clear_cache()
+from tests.test_training import _fresh_cache, _tiny_data, story  # noqa: F401  (_fresh_cache: autouse fixture)
 
 
 @pytest.fixture
