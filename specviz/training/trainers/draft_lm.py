@@ -105,8 +105,9 @@ class DraftLMTrainer(Trainer):
         return parse_layers(self.options.get("init_layers"), self.target.model.config.num_hidden_layers)
 
     def build_student(self) -> LlamaForCausalLM:
-        if self.init_layers():
-            return self.build_from_target(self.init_layers())
+        layers = self.init_layers()
+        if layers:
+            return self.build_from_target(layers)
         config = self.student_config()
         config._attn_implementation = "sdpa"
         student = LlamaForCausalLM(config)
