@@ -14,6 +14,7 @@ from __future__ import annotations
 from specviz.drafters.base import DraftBudget, Drafter
 from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
 from specviz.drafters.ngram import NgramDrafter
+from specviz.drafters.quantized import check_draft_quant
 from specviz.engine import metrics, trace
 from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
@@ -54,13 +55,15 @@ def load_target(spec: str, **kwargs) -> Target:
 
 
 def make_drafter(spec: str, target: Target, *, stochastic_tree: bool = False, draft_vocab: int = 0,
-                 **kwargs) -> Drafter:
+                 draft_quant: str = "off", **kwargs) -> Drafter:
     """Build a drafter from its spec: ``ngram``, ``ngram:N`` or ``model:<name|dir|hub id>``.
 
-    ``draft_vocab`` > 0 makes a draft model draft from its first that many token ids only (see DraftModelDrafter).
+    ``draft_vocab`` > 0 makes a draft model draft from its first that many token ids only (see DraftModelDrafter);
+    ``draft_quant="int8"`` gives it reduced-precision weights on CPU (see ``specviz.drafters.quantized``).
     """
     spec = (spec or "").strip()
     check_draft_vocab(draft_vocab)
+    check_draft_quant(draft_quant)
     kind, _, argument = spec.partition(":")
     if kind == "ngram":
         if argument and not argument.isdigit():
@@ -72,7 +75,7 @@ def make_drafter(spec: str, target: Target, *, stochastic_tree: bool = False, dr
         loaded = load_model(argument, role="draft", **kwargs)
         check_same_tokenizer(target, loaded)
         return DraftModelDrafter(loaded.model, target.vocab_size, name=f"model:{loaded.name}",
-                                 stochastic_tree=stochastic_tree, draft_vocab=draft_vocab)
+                                 stochastic_tree=stochastic_tree, draft_vocab=draft_vocab, draft_quant=draft_quant)
     known = ", ".join(DRAFTER_KINDS)
     raise SpecvizError(f"unknown drafter {spec!r}; use one of: {known}")
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from specviz import api
 from specviz.drafters.draft_model import check_draft_vocab
+from specviz.drafters.quantized import check_draft_quant
 from specviz.errors import SpecvizError
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -35,6 +36,9 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab", type=int, default=0,
                         help="draft models: draft from the first N token ids only, with the output layer cut to "
                              "those rows (0 = the whole vocabulary)")
+    parser.add_argument("--draft-quant", default="off",
+                        help="draft models on CPU: off, or int8 (int8/fp16 weights for the draft only; the target "
+                             "still verifies in full precision, so output is unchanged). bench: a comma list")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -51,7 +55,8 @@ def budget_from(args: argparse.Namespace) -> api.DraftBudget:
 
 def drafter_options(args: argparse.Namespace) -> dict:
     """``make_drafter`` keywords from the shared options, checked before any model loads."""
-    return {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab)}
+    return {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab),
+            "draft_quant": check_draft_quant(args.draft_quant)}
 
 
 def config_from(args: argparse.Namespace) -> api.GenerationConfig:

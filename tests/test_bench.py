@@ -40,7 +40,8 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     out = tmp_path / "out"
     code = cli.main(["bench", "--target", str(model_dirs / "target"), "--drafters",
                      f"ngram,model:{model_dirs / 'draft'}", "--prompts", str(model_dirs / "prompts.jsonl"),
-                     "--no-chat", "--quick", "--max-new-tokens", "20", "--k", "3", "--out", str(out)])
+                     "--no-chat", "--quick", "--max-new-tokens", "20", "--k", "3", "--draft-quant", "off,int8",
+                     "--out", str(out)])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     assert "| configuration |" in stdout
@@ -50,10 +51,12 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     assert names[0] == PLAIN_ROW
     draft = f"model:{model_dirs / 'draft'}"
     expected = ["ngram chain k=3", "ngram tree w=4 d=5 n<=24", f"{draft} chain k=3", f"{draft} tree w=4 d=5 n<=24",
+                f"{draft} chain k=3 int8", f"{draft} tree w=4 d=5 n<=24 int8",
                 "hf generate (plain)", "hf prompt lookup k=3 n=3", f"hf assisted {draft} k=3"]
     assert names[1:] == expected
     assert summary["categories"] == ["alpha", "beta"]
     assert data["settings"]["question_ids"] == ["100", "102"]  # --quick: the first prompt of each category
+    assert data["settings"]["draft_quant"] == ["off", "int8"] and "--draft-quant off,int8" in data["command"]
     table = summary["table"]
     assert table[PLAIN_ROW][OVERALL]["tau"] == 1.0
     for name in names[1:]:

@@ -66,6 +66,8 @@ def test_bad_drafter_list(capsys, tmp_path, drafters, fragment):
     (["--shapes", "chain,star"], "--shapes takes chain, tree"),
     (["--k", "0"], "k must be"),
     (["--threads", "0"], "threads must be"),
+    (["--draft-quant", "off,int4"], "draft-quant must be one of off, int8"),
+    (["--draft-quant", ","], "--draft-quant is empty"),
     (["--max-new-tokens", "0"], "max-new-tokens"),
 ])
 def test_bad_settings(capsys, tmp_path, argv, fragment):

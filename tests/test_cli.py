@@ -26,10 +26,11 @@ def run_cli(capsys, *argv):
 
 
 @pytest.mark.parametrize("shape", [["--k", "4"], ["--tree", "--width", "3", "--depth", "4", "--budget", "12"]])
-@pytest.mark.parametrize("drafter", ["ngram", "model"])
+@pytest.mark.parametrize("drafter", ["ngram", "model", "model-int8"])
 def test_generate_json_with_baseline(capsys, model_dirs, tmp_path, shape, drafter):
     spec = "ngram" if drafter == "ngram" else f"model:{model_dirs / 'draft'}"
-    code, out, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--drafter", spec, *shape,
+    quant = ["--draft-quant", "int8"] if drafter == "model-int8" else []
+    code, out, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--drafter", spec, *shape, *quant,
                              "--prompt", "w3 w5 w7 w3 w5", "--max-new-tokens", 30, "--baseline", "--json",
                              "--trace", tmp_path / "t.jsonl")
     assert code == 0, err
@@ -61,6 +62,7 @@ def test_sampled_generation_is_reproducible(capsys, model_dirs):
     (["generate", "--prompt", "hi", "--target", "/no/such/dir"], "no such file"),
     (["generate", "--prompt", "hi", "--target", "no-such-registry-name"], "no-such-registry-name"),
     (["generate", "--prompt", "hi", "--k", "four"], "invalid int"),
+    (["generate", "--prompt", "hi", "--draft-quant", "int4"], "draft-quant must be one of off, int8"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_user_errors_are_one_line_with_exit_2(capsys, argv, fragment):

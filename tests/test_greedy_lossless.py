@@ -35,8 +35,15 @@ def setup(request):
     assert len(baseline.token_ids) == NEW_TOKENS
     return target, other, baseline
 
+def int8_draft(target, other):
+    if other.config.model_type != "llama":
+        pytest.skip("int8 draft weights run through the Llama lean forward")
+    return DraftModelDrafter(other, VOCAB, draft_quant="int8")
+
+
 DRAFTERS = {
     "other-model": lambda target, other: DraftModelDrafter(other, VOCAB),
+    "int8-model": int8_draft,  # the draft's own weights in int8/fp16: its argmax moves, the output must not
     "self-model": lambda target, other: DraftModelDrafter(target.model, VOCAB),  # everything accepted
     "half-vocab-model": lambda target, other: DraftModelDrafter(other, VOCAB, draft_vocab=VOCAB // 2),
     "ngram": lambda target, other: NgramDrafter(max_ngram=3),

@@ -74,7 +74,38 @@ def test_draft_forward_timing_compares_both_paths_and_refuses_other_architecture
     result = compare(model, list(range(3, 40)), repeats=2, rounds=1)
     assert result["transformers"] > 0 and result["lean"] > 0 and result["context"] == 37
     assert result["speedup"] == pytest.approx(result["transformers"] / result["lean"])
+    assert result["lean int8"] > 0 and result["int8_speedup"] == pytest.approx(result["lean"] / result["lean int8"])
     with pytest.raises(SpecvizError, match="not a Llama configuration"):
         compare(tiny.model("qwen2", VOCAB), list(range(3, 10)))
     with pytest.raises(SpecvizError, match="at least 2 tokens"):
         compare(model, [3])
+
+
+def test_int8_draft_weights_approximate_the_draft_and_leave_the_transformers_model_alone():
+    model = tiny.model("llama", VOCAB, layers=2, hidden=64, scale=5)
+    before = {name: p.clone() for name, p in model.state_dict().items()}
+    full, int8 = lean_forward_for(model), lean_forward_for(model, "int8")
+    assert int8.quant == "int8"
+    tokens = list(range(3, 43))
+    logits = {}
+    for name, forward in (("full", full), ("int8", int8)):
+        cache = DynamicCache(config=model.config)
+        logits[name] = masked_forward(forward, cache, tokens, list(range(len(tokens))), None)
+    error = (logits["int8"] - logits["full"]).norm() / logits["full"].norm()
+    assert 0 < error < 0.05, error  # approximate, not a copy
+    assert (logits["int8"].argmax(-1) == logits["full"].argmax(-1)).float().mean() > 0.9
+    assert all(torch.equal(p, before[name]) for name, p in model.state_dict().items())
+
+
+def test_int8_draft_refuses_what_it_cannot_run():
+    with pytest.raises(SpecvizError, match="draft-quant must be one of off, int8, got 'int4'"):
+        DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="int4")
+    with pytest.raises(SpecvizError, match="needs a Llama-architecture draft"):
+        DraftModelDrafter(tiny.model("qwen2", VOCAB), VOCAB, draft_quant="int8")
+    with pytest.raises(SpecvizError, match="needs a Llama-architecture draft"):
+        DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="int8", lean=False)
+    with pytest.raises(SpecvizError, match="needs a float32 draft"):
+        DraftModelDrafter(tiny.model("llama", VOCAB, dtype=torch.bfloat16), VOCAB, draft_quant="int8")
+    drafter = DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="int8", draft_vocab=VOCAB // 2)
+    assert drafter.describe()["draft_quant"] == "int8" and drafter.describe()["draft_vocab"] == VOCAB // 2
+    assert DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB).describe()["draft_quant"] is None

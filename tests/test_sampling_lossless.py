@@ -139,22 +139,26 @@ def test_broken_residual_is_detected(tables, case, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "budget, stochastic, draft_vocab",
-    [(DraftBudget(k=2), False, 0), (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, 0),
-     (DraftBudget(tree=True, width=3, depth=2, max_nodes=8), False, 0), (DraftBudget(k=2), False, V // 2),
-     (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, V // 2)],
-    ids=["chain", "stochastic-tree", "top-w-tree", "chain-half-vocab", "stochastic-tree-half-vocab"],
+    "budget, stochastic, draft_vocab, draft_quant",
+    [(DraftBudget(k=2), False, 0, "off"), (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, 0, "off"),
+     (DraftBudget(tree=True, width=3, depth=2, max_nodes=8), False, 0, "off"),
+     (DraftBudget(k=2), False, V // 2, "off"),
+     (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, V // 2, "off"),
+     (DraftBudget(k=2), False, 0, "int8")],
+    ids=["chain", "stochastic-tree", "top-w-tree", "chain-half-vocab", "stochastic-tree-half-vocab", "chain-int8"],
 )
-def test_engine_sampling_matches_target(budget, stochastic, draft_vocab):
+def test_engine_sampling_matches_target(budget, stochastic, draft_vocab, draft_quant):
     """The whole loop with a real draft model: first two generated tokens follow the target's distribution.
 
     With ``draft_vocab`` the draft never proposes half the tokens (q = 0 there); the target's mass on them must
-    come back through the residual.
+    come back through the residual. With ``draft_quant`` the draft's q comes from int8/fp16 weights (a Llama draft,
+    which the lean forward runs).
     """
     target = tiny.target("llama", V, layers=2, seed=0, scale=15)
     exact = Table(target.model).joint()
-    drafter = DraftModelDrafter(tiny.model("qwen2", V, layers=1, seed=3, scale=15), V, stochastic_tree=stochastic,
-                                draft_vocab=draft_vocab)
+    arch = "llama" if draft_quant != "off" else "qwen2"
+    drafter = DraftModelDrafter(tiny.model(arch, V, layers=1, seed=3, scale=15), V, stochastic_tree=stochastic,
+                                draft_vocab=draft_vocab, draft_quant=draft_quant)
     counts: dict[tuple[int, int], int] = {}
     for seed in range(3_000):
         config = GenerationConfig(max_new_tokens=2, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)

@@ -16,6 +16,7 @@ from specviz.training.batches import make_batch
 from specviz.training.cli import main
 from specviz.training.data import split_prompts
 from specviz.training.evaluate import chain_tau, evaluate_agreement
+from specviz.training.export import main as export_main
 from specviz.training.features import FeatureSet, extract_features
 from specviz.training.generate import chat_ids, greedy_batch, self_distill
 from specviz.training.prompts import build_prompts
@@ -227,6 +228,19 @@ def test_cli_end_to_end_exports_a_loadable_fp16_drafter(tmp_path):
     assert json.loads((export / "config.json").read_text())["dtype"] == "float16"
     assert draft.model.config.num_hidden_layers == 1
     assert list(Path(tmp_path / "cache" / "features").glob("*.safetensors"))  # features cached for reuse
+    benches = []  # re-export with two bench runs: one table each, since each run's speedups have their own baseline
+    for i, tau in enumerate((1.5, 1.75)):
+        row = f"model:tiny-draft chain k={i + 2}"
+        table = {row: {"overall": {"tau": tau, "speedup": {"median": 0.9}, "prompts": 1}}}
+        path = tmp_path / f"bench{i}.json"
+        path.write_text(json.dumps({"summary": {"rows": ["plain (specviz)", row], "table": table},
+                                    "command": f"bench run {i}"}))
+        benches.append(str(path))
+    assert export_main(["--run", str(tmp_path / "run"), "--dest", str(tmp_path / "again"), "--name", "tiny-draft",
+                        "--bench", *benches]) == 0
+    card = (tmp_path / "again" / "README.md").read_text()
+    assert card.count("Measured with the specviz engine") == 2 and "`bench run 1`" in card
+    assert "| model:tiny-draft chain k=3 | 1.75 | 0.90× |" in card
 
 
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):

@@ -129,8 +129,8 @@ def served(tiny_targets):
 
 def settings_args(prompt=PROMPT_A, target="tiny", max_new_tokens=12, drafter="ngram"):
     # prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed, max_new, stochastic,
-    # min_draft_prob, draft_vocab
-    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False, 0.0, 0]
+    # min_draft_prob, draft_vocab, draft_quant
+    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False, 0.0, 0, "off"]
 
 
 def test_app_two_clients_at_once_do_not_see_each_other(served):
@@ -228,7 +228,7 @@ def test_model_drafter_rounds_feed_every_view(tiny_targets, tmp_path):
 
 
 def test_draft_options_reach_the_drafter(tiny_targets, tmp_path):
-    """The panel's draft stop and draft vocabulary shape what the draft model proposes; a bad one is one line."""
+    """The panel's draft stop, vocabulary and weights reach the draft model; a bad one is one line."""
     from specviz.errors import SpecvizError
     from specviz.ui import settings
 
@@ -236,16 +236,18 @@ def test_draft_options_reach_the_drafter(tiny_targets, tmp_path):
     draft_dir = tmp_path / "draft"
     tiny.truncated(target.model, 1).save_pretrained(draft_dir)
     target.tokenizer.save_pretrained(draft_dir)
-    values = [PROMPT_A, "raw", "tiny", f"model:{draft_dir}", "tree", 4, 2, 3, 8, 0.0, 1.0, 0, 24, False, 0.5, 20]
+    values = [PROMPT_A, "raw", "tiny", f"model:{draft_dir}", "tree", 4, 2, 3, 8, 0.0, 1.0, 0, 24, False, 0.5, 20,
+              "int8"]
     req = settings.request(*values)
     assert req.min_draft_prob == 0.5 and req.draft_vocab == 20 and req.budget().min_draft_prob == 0.5
+    assert req.draft_quant == "int8"
     record = run_record(Session(), req)
     assert record.finished and record.rounds
     assert max(t for r in record.rounds for t in r.tokens) < 20
     for r in record.rounds:
         assert all(r.q_draft[p] >= 0.5 for p in r.parents if p >= 0)
-    assert record.header["drafter"]["draft_vocab"] == 20
-    for bad in ({14: 1.0}, {15: -1}, {15: 2.5}):
+    assert record.header["drafter"]["draft_vocab"] == 20 and record.header["drafter"]["draft_quant"] == "int8"
+    for bad in ({14: 1.0}, {15: -1}, {15: 2.5}, {16: "int4"}):
         broken = list(values)
         for index, value in bad.items():
             broken[index] = value

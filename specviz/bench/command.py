@@ -14,6 +14,7 @@ from specviz.bench import charts, configs, machine, report, verify_cost
 from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, load_prompts, select
 from specviz.bench.suite import run_suite
 from specviz.bench.summary import OVERALL, summarise
+from specviz.drafters.draft_model import check_draft_vocab
 from specviz.errors import SpecvizError
 
 QUICK = {"max_new_tokens": 24, "limit_per_category": 1}
@@ -79,6 +80,7 @@ def _resolve(args: argparse.Namespace) -> None:
                                                                              ["chain", "tree"])
     args.drafter_list = configs.parse_drafters(args.drafters) if args.drafters is not None else \
         default_drafters(args.target)
+    args.draft_quant_list = configs.parse_draft_quants(args.draft_quant)
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -100,6 +102,8 @@ def _command(args: argparse.Namespace) -> str:
         parts += ["--min-draft-prob", f"{args.min_draft_prob:g}"]
     if args.draft_vocab:
         parts += ["--draft-vocab", str(args.draft_vocab)]
+    if args.draft_quant_list != ["off"]:
+        parts += ["--draft-quant", ",".join(args.draft_quant_list)]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     if args.temperature > 0:
@@ -116,7 +120,8 @@ def _selection(prompts: list[BenchPrompt], limit: int | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     _resolve(args)
-    budget, config, options = cli.budget_from(args), cli.config_from(args), cli.drafter_options(args)
+    budget, config = cli.budget_from(args), cli.config_from(args)
+    options = {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab)}
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.categories is not None and not categories:
         raise SpecvizError("--categories is empty")
@@ -128,10 +133,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     kwargs = {"device": args.device} if args.device else {}
     target = api.load_target(args.target, **kwargs)
-    drafters = {spec: api.make_drafter(spec, target, **options, **kwargs)
-                for spec in args.drafter_list}
     specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults,
-                                draft_vocab=args.draft_vocab)
+                                draft_vocab=args.draft_vocab, draft_quants=tuple(args.draft_quant_list))
+    drafters = {}
+    for spec in specs:  # one drafter per (drafter, precision); transformers' rows use the same loaded draft model
+        if spec.drafter and spec.drafter_key not in drafters:
+            drafters[spec.drafter_key] = api.make_drafter(spec.drafter, target, **options,
+                                                          draft_quant=spec.draft_quant, **kwargs)
     about = machine.describe()
     print(f"bench: {len(prompts)} prompts x {len(specs)} configurations + plain between each; "
           f"{args.max_new_tokens} new tokens", file=sys.stderr)
@@ -149,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {
         "command": _command(args), "machine": about, "wall_s": suite.wall_s, "verify_cost": cost,
         "settings": {"target": args.target, "drafters": args.drafter_list, "shapes": args.shape_list,
-                     "budget": budget.to_dict(), "max_new_tokens": args.max_new_tokens, **config.sampling.to_dict(),
+                     "budget": budget.to_dict(), "draft_quant": args.draft_quant_list,
+                     "max_new_tokens": args.max_new_tokens, **config.sampling.to_dict(),
                      "seed": args.seed, "chat": args.chat, "prompts_file": args.prompts, "prompt_count": len(prompts),
                      "selection": _selection(prompts, args.limit_per_category),
                      "question_ids": [p.question_id for p in prompts]},

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specviz.drafters.base import DraftBudget
+from specviz.drafters.quantized import check_draft_quant
 from specviz.errors import SpecvizError
 
 DRAFTER_KINDS = ("ngram", "model")
@@ -28,10 +29,18 @@ class RunSpec:
     budget: DraftBudget | None = None
     hf_kwargs: dict = field(default_factory=dict)
     note: str = ""
+    draft_quant: str = "off"  # draft models in specviz rows: "off" or "int8"
 
     @property
     def speculative(self) -> bool:
         return self.drafter is not None
+
+    @property
+    def drafter_key(self) -> str | None:
+        """Which built drafter runs this row: the drafter spec, plus its precision when that is not the default."""
+        if self.drafter is None or self.draft_quant == "off":
+            return self.drafter
+        return f"{self.drafter} {self.draft_quant}"
 
 
 def parse_drafters(text: str) -> list[str]:
@@ -53,6 +62,14 @@ def parse_drafters(text: str) -> list[str]:
     return specs
 
 
+def parse_draft_quants(text: str) -> list[str]:
+    """``"off,int8"`` -> each draft model runs once per precision (side by side in one suite)."""
+    quants = [check_draft_quant(part.strip()) for part in (text or "").split(",") if part.strip()]
+    if not quants:
+        raise SpecvizError("--draft-quant is empty; give off, int8 or off,int8")
+    return list(dict.fromkeys(quants))
+
+
 def parse_shapes(text: str) -> list[str]:
     shapes = [part.strip() for part in (text or "").split(",") if part.strip()]
     bad = [s for s in shapes if s not in SHAPES]
@@ -69,17 +86,21 @@ def ngram_size(spec: str) -> int:
 
 def build_specs(
     drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False,
-    draft_vocab: int = 0,
+    draft_vocab: int = 0, draft_quants: tuple[str, ...] = ("off",),
 ) -> list[RunSpec]:
-    """The rows, in table order: specviz drafter x shape, then the Hugging Face references."""
+    """The rows, in table order: specviz drafter x precision x shape, then the Hugging Face references."""
     chain = replace(budget, tree=False)
     tree = replace(budget, tree=True)
     specs: list[RunSpec] = []
     for drafter in drafters:
-        trimmed = f" vocab<{draft_vocab}" if draft_vocab and drafter.startswith("model:") else ""
-        for shape in shapes:
-            shaped = chain if shape == "chain" else tree
-            specs.append(RunSpec(f"{drafter} {shaped.describe()}{trimmed}", "specviz", drafter, shape, shaped))
+        is_model = drafter.startswith("model:")
+        trimmed = f" vocab<{draft_vocab}" if draft_vocab and is_model else ""
+        for quant in draft_quants if is_model else ("off",):
+            suffix = trimmed + ("" if quant == "off" else f" {quant}")
+            for shape in shapes:
+                shaped = chain if shape == "chain" else tree
+                specs.append(RunSpec(f"{drafter} {shaped.describe()}{suffix}", "specviz", drafter, shape, shaped,
+                                     draft_quant=quant))
     if not hf:
         return specs
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))

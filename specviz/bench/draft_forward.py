@@ -1,4 +1,5 @@
-"""``python -m specviz.bench.draft_forward``: one draft step through transformers' forward vs the lean forward.
+"""``python -m specviz.bench.draft_forward``: one draft step through transformers' forward vs the lean forward
+(and, on CPU, the lean forward with int8 draft weights).
 
 The bench reports draft milliseconds per round, which mixes the forward with the drafter's bookkeeping; this
 isolates the forward itself (one new token on top of a cached context, the shape of every chain draft step), both
@@ -29,18 +30,25 @@ def time_step(model: torch.nn.Module, context: list[int], repeats: int) -> list[
 
 
 def compare(model: torch.nn.Module, context: list[int], repeats: int = 50, rounds: int = 3) -> dict:
-    """Median ms per draft step for both forwards, in alternating blocks; ``speedup`` = transformers ÷ lean."""
+    """Median ms per draft step for each forward, in alternating blocks: transformers', the lean one and, on CPU,
+    the lean one with ``draft_quant="int8"``. ``speedup`` = transformers ÷ lean; ``int8_speedup`` = lean ÷ int8."""
     lean = lean_forward_for(model)
     if lean is None:
         raise SpecvizError(f"{type(model).__name__} is not a Llama configuration the lean forward reproduces")
     if len(context) < 2:
         raise SpecvizError("draft forward timing needs a context of at least 2 tokens")
-    times: dict[str, list[float]] = {"transformers": [], "lean": []}
+    forwards = {"transformers": model, "lean": lean}
+    weight = next(model.parameters())
+    if weight.device.type == "cpu" and weight.dtype == torch.float32:
+        forwards["lean int8"] = lean_forward_for(model, "int8")
+    times: dict[str, list[float]] = {name: [] for name in forwards}
     for _ in range(rounds):
-        times["transformers"] += time_step(model, context, repeats)
-        times["lean"] += time_step(lean, context, repeats)
+        for name, forward in forwards.items():
+            times[name] += time_step(forward, context, repeats)
     result = {name: statistics.median(values) for name, values in times.items()}
     result["speedup"] = result["transformers"] / result["lean"]
+    if "lean int8" in result:
+        result["int8_speedup"] = result["lean"] / result["lean int8"]
     result["context"] = len(context)
     return result
 

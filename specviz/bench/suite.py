@@ -52,7 +52,7 @@ class SuiteResult:
 def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter]) -> Runner:
     """The timed call for one row."""
     if spec.engine == "specviz":
-        drafter = drafters[spec.drafter] if spec.drafter else None
+        drafter = drafters[spec.drafter_key] if spec.drafter else None
         return lambda ids, config: run_specviz(target, ids, config, drafter, spec.budget if drafter else None)
     if spec.drafter is None:
         return lambda ids, config: run_hf(target, ids, config)

@@ -12,7 +12,8 @@ just those rows (FR-Spec's idea, Zhao et al. 2025: for a small draft the output 
 most of a forward). Byte-level BPE ids are in merge order, which follows frequency, so the first ids are the common
 ones. Tokens outside get q = 0; verification is unchanged, so output stays exactly the target's.
 
-Llama-architecture drafts run through ``lean_llama`` (same weights, same logits, fewer operator calls).
+Llama-architecture drafts run through ``lean_llama`` (same weights, same logits, fewer operator calls);
+``draft_quant="int8"`` gives that forward reduced-precision weights on CPU (``specviz.drafters.quantized``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from specviz.drafters.base import DraftBudget, Drafter
 from specviz.drafters.lean_llama import lean_forward_for
+from specviz.drafters.quantized import check_draft_quant
 from specviz.engine import cache as kv
 from specviz.engine.accept import argmax_rows
 from specviz.engine.loop import MAX_NEW_TOKENS
@@ -47,13 +49,18 @@ class DraftModelDrafter(Drafter):
 
     def __init__(
         self, model: torch.nn.Module, vocab_size: int, name: str = "draft-model", stochastic_tree: bool = False,
-        draft_vocab: int = 0, lean: bool = True,
+        draft_vocab: int = 0, lean: bool = True, draft_quant: str = "off",
     ):
         self.source_model = model.eval()  # as loaded (transformers' assisted generation gets this one)
         drafting = trim_output_layer(model, draft_vocab) if draft_vocab else model
         # the same weights and maths with a fraction of the per-operator overhead, where the architecture allows
-        self.model = (lean_forward_for(drafting) if lean else None) or drafting
+        lean_model = lean_forward_for(drafting, check_draft_quant(draft_quant)) if lean else None
+        if lean_model is None and draft_quant != "off":
+            raise SpecvizError(f"draft-quant {draft_quant} needs a Llama-architecture draft (the lean forward); "
+                               f"{type(model).__name__} is not one")
+        self.model = lean_model or drafting
         self.draft_vocab = draft_vocab
+        self.draft_quant = draft_quant
         self.vocab_size = vocab_size
         self.name = name
         self.stochastic_tree = stochastic_tree
@@ -64,7 +71,8 @@ class DraftModelDrafter(Drafter):
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "draft-model", "stochastic_tree": self.stochastic_tree,
-                "draft_vocab": self.draft_vocab or None}
+                "draft_vocab": self.draft_vocab or None,
+                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._cache = kv.new_cache(self.model, len(prompt_ids) + MAX_NEW_TOKENS + 64, self.name)

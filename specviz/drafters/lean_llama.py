@@ -8,9 +8,11 @@ directly; for the earlier shipped 4-layer, 256-wide draft a draft step went from
 (``python -m specviz.bench.draft_forward``, BENCHMARKS.md run 7).
 
 Only the configurations whose maths it reproduces are accepted (plain RoPE, SiLU MLP, no biases, no sliding
-window); anything else keeps transformers' forward. It reads and writes the same ``DynamicCache`` and takes the same
-inputs as ``model(...)`` in ``masked_forward``, so the drafter's cache bookkeeping is unchanged. Drafts only: the
-target always runs transformers' own forward, so verification is bit-for-bit the plain-decoding path.
+window); anything else keeps transformers' forward. It reads and writes the same ``DynamicCache`` and takes the
+same inputs as ``model(...)`` in ``masked_forward``, so the drafter's cache bookkeeping is unchanged. Drafts only:
+the target always runs transformers' own forward, so verification is bit-for-bit the plain-decoding path.
+With ``quant="int8"`` the projections use int8/fp16 weights instead (``specviz.drafters.quantized``): logits close
+to transformers', no longer equal.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from specviz.drafters.quantized import projections
 
-def lean_forward_for(model: torch.nn.Module) -> LeanLlama | None:
-    """A ``LeanLlama`` over ``model``'s weights, or None when its configuration is not one this forward reproduces."""
+
+def lean_forward_for(model: torch.nn.Module, quant: str = "off") -> LeanLlama | None:
+    """A ``LeanLlama`` over ``model``'s weights, or None when its configuration is not one this forward reproduces.
+
+    ``quant="int8"`` runs the projections with reduced-precision weights (see ``specviz.drafters.quantized``).
+    """
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -39,17 +46,20 @@ def lean_forward_for(model: torch.nn.Module) -> LeanLlama | None:
         and isinstance(head, torch.nn.Linear)
         and head.bias is None
     )
-    return LeanLlama(model) if plain else None
+    return LeanLlama(model, quant) if plain else None
 
 
 class LeanLlama(torch.nn.Module):
     """Wraps a ``LlamaForCausalLM`` (weights shared; q/k/v and gate/up concatenated once) with a short forward.
 
     The concatenated copies hold those projections a second time (about 12 MB for a 4-layer, 256-wide draft).
+    Each projection is a callable: ``F.linear`` on the weight, or a packed reduced-precision matmul.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, quant: str = "off"):
         super().__init__()
+        normalised, raw = projections(quant)
+        self.quant = quant
         self.source = model
         config = model.config
         inner = model.model
@@ -59,19 +69,19 @@ class LeanLlama(torch.nn.Module):
         self.eps = config.rms_norm_eps
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.head = model.get_output_embeddings().weight
+        self.head = normalised(model.get_output_embeddings().weight)
         self.inv_freq = inner.rotary_emb.inv_freq.float()
         self.rope_scale = float(inner.rotary_emb.attention_scaling)
         with torch.no_grad():
             self.layers = [
                 SimpleNamespace(
                     norm1=layer.input_layernorm.weight,
-                    qkv=torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
-                                   layer.self_attn.v_proj.weight]),
-                    out=layer.self_attn.o_proj.weight,
+                    qkv=normalised(torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                                              layer.self_attn.v_proj.weight])),
+                    out=raw(layer.self_attn.o_proj.weight),
                     norm2=layer.post_attention_layernorm.weight,
-                    gate_up=torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
-                    down=layer.mlp.down_proj.weight,
+                    gate_up=normalised(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight])),
+                    down=raw(layer.mlp.down_proj.weight),
                 )
                 for layer in inner.layers
             ]
@@ -109,17 +119,17 @@ class LeanLlama(torch.nn.Module):
             mask = torch.ones(n, past + n, dtype=torch.bool, device=hidden.device).tril(past)
         for index, layer in enumerate(self.layers):
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm1, self.eps)
-            qkv = F.linear(x, layer.qkv).view(n, rotated + self.kv_heads, self.head_dim)
+            qkv = layer.qkv(x).view(n, rotated + self.kv_heads, self.head_dim)
             qk, v = qkv[:, :rotated], qkv[:, rotated:]
             qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
             q = qk[:, : self.heads].transpose(0, 1)[None]
             k, v = cache.update(qk[:, self.heads :].transpose(0, 1)[None], v.transpose(0, 1)[None], index)
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
-            hidden = hidden + F.linear(attended[0].transpose(0, 1).reshape(1, n, -1), layer.out)
+            hidden = hidden + layer.out(attended[0].transpose(0, 1).reshape(1, n, -1))
             x = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm2, self.eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
-        return SimpleNamespace(logits=F.linear(hidden, self.head))
+        return SimpleNamespace(logits=self.head(hidden))

@@ -1,7 +1,7 @@
 """Ship a trained drafter: fp16 safetensors + config + tokenizer, and a model card that says how it was made.
 
-``python -m specviz.training.export --run runs/NAME --dest assets/models/NAME [--bench results.json]`` re-exports a
-finished run (its ``final/`` folder and ``metrics.json``), adding the τ/speedup a ``specviz bench`` run measured.
+``python -m specviz.training.export --run runs/NAME --dest assets/models/NAME [--bench results.json ...]`` re-exports
+a finished run (its ``final/`` folder and ``metrics.json``), adding the τ/speedup ``specviz bench`` runs measured.
 """
 
 from __future__ import annotations
@@ -65,16 +65,21 @@ def engine_rows_from_bench(results: dict, drafter: str) -> dict:
             "rows": rows}
 
 
-def _engine_section(engine: dict | None) -> str:
-    if not engine:
+def _engine_section(engine: dict | list[dict] | None) -> str:
+    """One table per bench run (a run's speedups are relative to its own plain runs, so runs are not merged)."""
+    runs = [engine] if isinstance(engine, dict) else list(engine or [])
+    if not runs:
         return ("Not measured with the engine yet: run `python -m specviz bench` (greedy, 128 new tokens) and "
                 "re-export with `python -m specviz.training.export --bench <results.json>`.")
-    lines = [f"Measured with the specviz engine ({engine.get('machine', 'this machine')}): "
-             f"{engine.get('description', '')}", "", "| setting | τ | speedup vs plain (median) |",
-             "| --- | --- | --- |"]
-    for row in engine.get("rows", []):
-        lines.append(f"| {row['setting']} | {row['tau']:.2f} | {row['speedup']:.2f}× |")
-    return "\n".join(lines)
+    blocks = []
+    for run in runs:
+        lines = [f"Measured with the specviz engine ({run.get('machine', 'this machine')}): "
+                 f"{run.get('description', '')}", "", "| setting | τ | speedup vs plain (median) |",
+                 "| --- | --- | --- |"]
+        for row in run.get("rows", []):
+            lines.append(f"| {row['setting']} | {row['tau']:.2f} | {row['speedup']:.2f}× |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def _prompt_file_data(args: argparse.Namespace) -> str:
@@ -127,7 +132,7 @@ def _architecture(args: argparse.Namespace, cfg: dict, summary: dict, size_mib: 
             f"fp16 safetensors ({size_mib:.1f} MiB).")
 
 
-def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | None = None) -> None:
+def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | list[dict] | None = None) -> None:
     """README.md: architecture, data, steps, loss, held-out agreement, engine τ, and the retraining command."""
     args = _run_arguments(summary["command"])
     commands = summary.get("commands") or [summary["command"]]
@@ -200,13 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", type=Path, required=True, help="run folder (holds final/ and metrics.json)")
     parser.add_argument("--dest", type=Path, required=True, help="where to write the shipped model")
     parser.add_argument("--name", default=None)
-    parser.add_argument("--bench", type=Path, default=None, help="results.json of a `specviz bench` run with this "
-                        "drafter (its τ and speedup go into the model card)")
+    parser.add_argument("--bench", type=Path, nargs="+", default=[], help="results.json of `specviz bench` runs with "
+                        "this drafter (their τ and speedup go into the model card, one table per run)")
     args = parser.parse_args(argv)
     summary = json.loads((args.run / "metrics.json").read_text())
     size = export_model(args.run / "final", args.dest)
     name = args.name or args.dest.name
-    engine = engine_rows_from_bench(json.loads(args.bench.read_text()), f"model:{name}") if args.bench else None
+    engine = [engine_rows_from_bench(json.loads(path.read_text()), f"model:{name}") for path in args.bench]
     write_model_card(args.dest, summary, name=name, engine=engine)
     print(f"wrote {args.dest} ({size / 2**20:.1f} MiB of weights)")
     return 0

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from specviz import api
 from specviz.drafters.draft_model import check_draft_vocab
+from specviz.drafters.quantized import check_draft_quant
 from specviz.engine.round import Round
 from specviz.errors import SpecvizError
 from specviz.ui import zerogpu
@@ -47,6 +48,7 @@ class RunRequest:
     stochastic_tree: bool = False
     min_draft_prob: float = 0.0
     draft_vocab: int = 0  # draft models: first N token ids only (0 = all)
+    draft_quant: str = "off"  # draft models: "int8" = int8/fp16 draft weights on CPU
 
     def budget(self) -> api.DraftBudget:
         return api.DraftBudget(tree=self.tree, k=self.k, width=self.width, depth=self.depth, max_nodes=self.max_nodes,
@@ -71,6 +73,7 @@ class RunRequest:
             raise SpecvizError(f"ngram takes a maximum n-gram size, e.g. ngram:3, got {self.drafter!r}")
         self.budget()
         check_draft_vocab(self.draft_vocab)
+        check_draft_quant(self.draft_quant)
         self.config()
         return self
 
@@ -197,7 +200,7 @@ def stream(request: RunRequest) -> Iterator[object]:
     request.validate()
     target, load_s, first = load_target(request.target)
     drafter = api.make_drafter(request.drafter, target, stochastic_tree=request.stochastic_tree,
-                               draft_vocab=request.draft_vocab)
+                               draft_vocab=request.draft_vocab, draft_quant=request.draft_quant)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     run = api.start(target, prompt_ids, drafter, request.budget(), request.config())
     device = str(target.device)

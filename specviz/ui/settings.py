@@ -12,10 +12,12 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specviz.drafters.base import LIMITS
+from specviz.drafters.quantized import DRAFT_QUANT_CHOICES
 from specviz.errors import SpecvizError
 from specviz.ui import examples, runner
 
 MAX_DRAFT_VOCAB = 1 << 20
+DEFAULT_DRAFT_QUANT = "off"
 DEFAULT_QUESTION = "243"  # Spec-Bench summarization: input-grounded, where n-gram drafting shines
 
 
@@ -38,6 +40,7 @@ class Settings:
     stochastic_tree: gr.Checkbox
     min_draft_prob: gr.Slider
     draft_vocab: gr.Number
+    draft_quant: gr.Radio
 
     @classmethod
     def build(cls) -> Settings:
@@ -78,8 +81,11 @@ class Settings:
         draft_vocab = gr.Number(value=0, precision=0, minimum=0, label="draft vocabulary (first N token ids)",
                                 info="draft model only: cut its output layer to the first N ids, which are the "
                                      "frequent ones (0 = all)", elem_id="draft-vocab")
+        draft_quant = gr.Radio(list(DRAFT_QUANT_CHOICES), value=DEFAULT_DRAFT_QUANT, label="draft model weights",
+                               info="int8: a cheaper draft step on CPU (int8/fp16 weights); the target still "
+                                    "verifies in full precision, so the output does not change", elem_id="draft-quant")
         settings = cls(example, prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p,
-                       seed, max_new_tokens, stochastic_tree, min_draft_prob, draft_vocab)
+                       seed, max_new_tokens, stochastic_tree, min_draft_prob, draft_vocab, draft_quant)
         example.input(examples.prompt_text, example, prompt, queue=False)
         target.change(lambda t: gr.Dropdown(choices=runner.drafter_choices(t or ""), value="ngram"), target, drafter,
                       queue=False)
@@ -90,7 +96,7 @@ class Settings:
         """Components in the order ``request`` takes them."""
         return [self.prompt, self.mode, self.target, self.drafter, self.shape, self.k, self.width, self.depth,
                 self.max_nodes, self.temperature, self.top_p, self.seed, self.max_new_tokens, self.stochastic_tree,
-                self.min_draft_prob, self.draft_vocab]
+                self.min_draft_prob, self.draft_vocab, self.draft_quant]
 
 
 def _integer(name: str, value, low: int, high: int) -> int:
@@ -103,7 +109,7 @@ def _integer(name: str, value, low: int, high: int) -> int:
 
 
 def request(prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed,
-            max_new_tokens, stochastic_tree, min_draft_prob=0.0, draft_vocab=0, *,
+            max_new_tokens, stochastic_tree, min_draft_prob=0.0, draft_vocab=0, draft_quant="off", *,
             tree: bool | None = None) -> runner.RunRequest:
     """A validated ``RunRequest`` from the panel's values; bad settings raise a one-line ``SpecvizError``."""
     if mode not in {"chat", "raw"}:
@@ -123,6 +129,6 @@ def request(prompt, mode, target, drafter, shape, k, width, depth, max_nodes, te
         temperature=temperature, top_p=top_p, seed=_integer("seed", seed, 0, 2**63 - 1),
         max_new_tokens=_integer("max new tokens", max_new_tokens, 1, runner.MAX_NEW_TOKENS_UI),
         stochastic_tree=bool(stochastic_tree), min_draft_prob=min_draft_prob,
-        draft_vocab=_integer("draft vocabulary", draft_vocab, 0, MAX_DRAFT_VOCAB),
+        draft_vocab=_integer("draft vocabulary", draft_vocab, 0, MAX_DRAFT_VOCAB), draft_quant=draft_quant,
     )
     return built.validate()

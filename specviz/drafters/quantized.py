@@ -1,0 +1,95 @@
+"""Reduced-precision weights for a draft model's projections on CPU (``draft_quant="int8"``).
+
+Why: on a CPU a draft step is memory-bound, and most of it is the 49k-row output layer. fbgemm's dynamic int8
+matmul (int8 weights, activations quantised per call) reads a quarter of the bytes; for the shipped draft one
+output-layer product went from 7.4 to 1.4 ms on one core. Only the draft changes: the target still verifies in
+full precision, so the output stays exactly the target's; a less faithful draft can only cost acceptance.
+
+Which weights: int8 (per output channel) for the projections whose input is an RMS-normalised activation
+(q/k/v, gate/up, the output layer), fp16-packed weights for the two whose input is a raw activation with outliers
+(attention output and MLP down). Measured on the shipped draft, teacher-forced on the 26 held-out Spec-Bench
+answers: top-1 agreement 0.347 in fp32, 0.345 with this split, 0.244 with int8 everywhere (dynamic per-tensor
+activation scales cannot cover the down projection's outliers).
+
+These are fbgemm's packed matmuls (``torch.ops.quantized``), which torch has marked deprecated; where a torch build
+lacks them the option fails with one line and the full-precision draft keeps working.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from specviz.errors import SpecvizError
+
+DRAFT_QUANT_CHOICES = ("off", "int8")
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
+
+
+def check_draft_quant(value) -> str:
+    """``draft_quant`` is one of ``DRAFT_QUANT_CHOICES`` (``"off"`` keeps the draft's own weights)."""
+    if value not in DRAFT_QUANT_CHOICES:
+        raise SpecvizError(f"draft-quant must be one of {', '.join(DRAFT_QUANT_CHOICES)}, got {value!r}")
+    return value
+
+
+def check_quantizable(weight: torch.Tensor) -> None:
+    """fbgemm's packed matmuls exist for float32 CPU tensors only; say so in one line instead of a kernel error."""
+    if weight.device.type != "cpu":
+        raise SpecvizError(f"draft-quant int8 runs on CPU only; this draft is on {weight.device.type}")
+    if weight.dtype != torch.float32:
+        raise SpecvizError(f"draft-quant int8 needs a float32 draft, this one is {weight.dtype}")
+    if "fbgemm" not in torch.backends.quantized.supported_engines and "x86" not in \
+            torch.backends.quantized.supported_engines:
+        raise SpecvizError("draft-quant int8 needs a torch build with the fbgemm/x86 quantized engine")
+
+
+def full_precision(weight: torch.Tensor) -> Projection:
+    """``x @ weight.T`` with the weight as it is."""
+    return lambda x: F.linear(x, weight)
+
+
+@contextmanager
+def _packing():
+    """torch marks its quantized tensor constructors deprecated (a warning per call); turn a build that has
+    dropped them into one clear error."""
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            yield
+    except (RuntimeError, AttributeError, NotImplementedError) as error:
+        raise SpecvizError(f"draft-quant int8 is not available in torch {torch.__version__}: "
+                           f"{str(error).splitlines()[0]}") from error
+
+
+def int8_projection(weight: torch.Tensor) -> Projection:
+    """Per-output-channel symmetric int8 weights, activations quantised per call (fbgemm dynamic linear)."""
+    check_quantizable(weight)
+    with _packing():
+        scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        packed = torch.ops.quantized.linear_prepack(
+            torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8), None)
+    # reduce_range keeps activations to 7 bits, which avoids int16 saturation on CPUs without VNNI
+    return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)
+
+
+def fp16_projection(weight: torch.Tensor) -> Projection:
+    """fp16-packed weights, float32 activations and accumulation (fbgemm)."""
+    check_quantizable(weight)
+    with _packing():
+        packed = torch.ops.quantized.linear_prepack_fp16(weight, None)
+    return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)
+
+
+def projections(quant: str) -> tuple[Callable[[torch.Tensor], Projection], Callable[[torch.Tensor], Projection]]:
+    """(for inputs that are RMS-normalised, for raw residual-stream inputs) projection builders for ``quant``."""
+    check_draft_quant(quant)
+    if quant == "int8":
+        return int8_projection, fp16_projection
+    return full_precision, full_precision
