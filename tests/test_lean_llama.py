@@ -98,8 +98,9 @@ def test_int8_draft_weights_approximate_the_draft_and_leave_the_transformers_mod
 
 
 def test_int8_draft_refuses_what_it_cannot_run():
-    with pytest.raises(SpecvizError, match="draft-quant must be one of off, int8, got 'int4'"):
-        DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="int4")
+    for lean in (True, False):
+        with pytest.raises(SpecvizError, match="draft-quant must be one of off, int8, got 'int4'"):
+            DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="int4", lean=lean)
     with pytest.raises(SpecvizError, match="needs a Llama-architecture draft"):
         DraftModelDrafter(tiny.model("qwen2", VOCAB), VOCAB, draft_quant="int8")
     with pytest.raises(SpecvizError, match="needs a Llama-architecture draft"):

@@ -51,10 +51,11 @@ class DraftModelDrafter(Drafter):
         self, model: torch.nn.Module, vocab_size: int, name: str = "draft-model", stochastic_tree: bool = False,
         draft_vocab: int = 0, lean: bool = True, draft_quant: str = "off",
     ):
+        check_draft_quant(draft_quant)
         self.source_model = model.eval()  # as loaded (transformers' assisted generation gets this one)
         drafting = trim_output_layer(model, draft_vocab) if draft_vocab else model
         # the same weights and maths with a fraction of the per-operator overhead, where the architecture allows
-        lean_model = lean_forward_for(drafting, check_draft_quant(draft_quant)) if lean else None
+        lean_model = lean_forward_for(drafting, draft_quant) if lean else None
         if lean_model is None and draft_quant != "off":
             raise SpecvizError(f"draft-quant {draft_quant} needs a Llama-architecture draft (the lean forward); "
                                f"{type(model).__name__} is not one")

@@ -2,7 +2,7 @@
 
 Why: on a CPU a draft step is memory-bound, and most of it is the 49k-row output layer. fbgemm's dynamic int8
 matmul (int8 weights, activations quantised per call) reads a quarter of the bytes; for the shipped draft one
-output-layer product went from 7.4 to 1.4 ms on one core. Only the draft changes: the target still verifies in
+output-layer product went from 7.4 to 1.6 ms on one core. Only the draft changes: the target still verifies in
 full precision, so the output stays exactly the target's; a less faithful draft can only cost acceptance.
 
 Which weights: int8 (per output channel) for the projections whose input is an RMS-normalised activation
