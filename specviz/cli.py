@@ -55,8 +55,7 @@ def budget_from(args: argparse.Namespace) -> api.DraftBudget:
 
 def drafter_options(args: argparse.Namespace) -> dict:
     """``make_drafter`` keywords from the shared options, checked before any model loads."""
-    return {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab),
-            "draft_quant": check_draft_quant(args.draft_quant)}
+    return {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab)}
 
 
 def config_from(args: argparse.Namespace) -> api.GenerationConfig:
@@ -76,6 +75,7 @@ def _generate_parser(sub) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     budget, config, options = budget_from(args), config_from(args), drafter_options(args)  # before loading anything
+    options["draft_quant"] = check_draft_quant(args.draft_quant)  # one value here; bench takes a list
     if not args.prompt.strip():
         raise SpecvizError("the prompt is empty")
     kwargs = {"device": args.device} if args.device else {}

@@ -14,7 +14,6 @@ from specviz.bench import charts, configs, machine, report, verify_cost
 from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, load_prompts, select
 from specviz.bench.suite import run_suite
 from specviz.bench.summary import OVERALL, summarise
-from specviz.drafters.draft_model import check_draft_vocab
 from specviz.errors import SpecvizError
 
 QUICK = {"max_new_tokens": 24, "limit_per_category": 1}
@@ -120,8 +119,7 @@ def _selection(prompts: list[BenchPrompt], limit: int | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     _resolve(args)
-    budget, config = cli.budget_from(args), cli.config_from(args)
-    options = {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab)}
+    budget, config, options = cli.budget_from(args), cli.config_from(args), cli.drafter_options(args)
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.categories is not None and not categories:
         raise SpecvizError("--categories is empty")
