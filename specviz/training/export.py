@@ -65,9 +65,8 @@ def engine_rows_from_bench(results: dict, drafter: str) -> dict:
             "rows": rows}
 
 
-def _engine_section(engine: dict | list[dict] | None) -> str:
+def _engine_section(runs: list[dict] | None) -> str:
     """One table per bench run (a run's speedups are relative to its own plain runs, so runs are not merged)."""
-    runs = [engine] if isinstance(engine, dict) else list(engine or [])
     if not runs:
         return ("Not measured with the engine yet: run `python -m specviz bench` (greedy, 128 new tokens) and "
                 "re-export with `python -m specviz.training.export --bench <results.json>`.")
@@ -132,7 +131,7 @@ def _architecture(args: argparse.Namespace, cfg: dict, summary: dict, size_mib: 
             f"fp16 safetensors ({size_mib:.1f} MiB).")
 
 
-def write_model_card(dest: Path, summary: dict, *, name: str, engine: dict | list[dict] | None = None) -> None:
+def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict] | None = None) -> None:
     """README.md: architecture, data, steps, loss, held-out agreement, engine τ, and the retraining command."""
     args = _run_arguments(summary["command"])
     commands = summary.get("commands") or [summary["command"]]
