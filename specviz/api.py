@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from specviz.drafters.base import DraftBudget, Drafter
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
 from specviz.drafters.ngram import NgramDrafter
 from specviz.drafters.quantized import check_draft_quant
@@ -47,11 +47,19 @@ DRAFTER_KINDS = {
 }
 
 
-def load_target(spec: str, **kwargs) -> Target:
-    """Load a target by registry name, local directory, GGUF file or hub id (see ``specviz.models``)."""
-    from specviz.models import load_model
+def load_target(spec: str, *, target_forward: str = "auto", **kwargs) -> Target:
+    """Load a target by registry name, local directory, GGUF file or hub id (see ``specviz.models``).
 
-    return Target.from_loaded(load_model(spec, role="target", **kwargs))
+    ``target_forward``: ``auto`` (the fast path where it runs), ``fast`` or ``hf`` (transformers' own forward).
+    """
+    from specviz.models import load_model
+    from specviz.models.device import choose_target_forward
+
+    loaded = load_model(spec, role="target", **kwargs)
+    forward = choose_target_forward(target_forward, loaded.device, loaded.dtype)
+    if forward == "hf":
+        return Target.from_loaded(loaded)
+    return Target.from_loaded(loaded, model=loaded.fast_model(), forward=forward)
 
 
 def make_drafter(spec: str, target: Target, *, stochastic_tree: bool = False, draft_vocab: int = 0,

@@ -4,7 +4,7 @@ import pytest
 import tiny
 
 from specviz import api
-from specviz.drafters.base import DraftBudget
+from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig
 from specviz.engine.sampling import SamplingConfig
 from specviz.errors import SpecvizError, UnsupportedModelError

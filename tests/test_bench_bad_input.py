@@ -97,7 +97,7 @@ def test_prompt_too_long_for_the_context_fails_before_any_run(tmp_path):
 
     from specviz.bench.configs import build_specs
     from specviz.bench.suite import run_suite
-    from specviz.drafters.base import DraftBudget
+    from specviz.engine.drafter import DraftBudget
     from specviz.engine.loop import GenerationConfig
 
     target = tiny.target("llama", 32, layers=1, max_positions=64)

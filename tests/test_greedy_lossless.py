@@ -5,7 +5,7 @@ import tiny
 import torch
 from transformers import DynamicCache
 
-from specviz.drafters.base import DraftBudget
+from specviz.engine.drafter import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
@@ -26,10 +26,10 @@ SHAPES = [
     DraftBudget(tree=True, width=3, depth=6, max_nodes=24, min_draft_prob=0.3),
 ]
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama/fast", "qwen2/fast"])
 def setup(request):
-    arch = request.param
-    target = tiny.target(arch, VOCAB, layers=3, scale=25)
+    arch, _, forward = request.param.partition("/")
+    target = tiny.target(arch, VOCAB, forward=forward or "hf", layers=3, scale=25)
     other = tiny.truncated(target.model, 1)  # a shallower draft that agrees only sometimes
     baseline = plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS))
     assert len(baseline.token_ids) == NEW_TOKENS

@@ -16,7 +16,7 @@ import tiny
 import torch
 from scipy.stats import chisquare
 
-from specviz.drafters.base import DraftBudget
+from specviz.engine.drafter import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.engine import accept as accept_module
 from specviz.engine import sampling
@@ -139,23 +139,28 @@ def test_broken_residual_is_detected(tables, case, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "budget, stochastic, draft_vocab, draft_quant",
-    [(DraftBudget(k=2), False, 0, "off"), (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, 0, "off"),
-     (DraftBudget(tree=True, width=3, depth=2, max_nodes=8), False, 0, "off"),
-     (DraftBudget(k=2), False, V // 2, "off"),
-     (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, V // 2, "off"),
-     (DraftBudget(k=2), False, 0, "int8")],
-    ids=["chain", "stochastic-tree", "top-w-tree", "chain-half-vocab", "stochastic-tree-half-vocab", "chain-int8"],
+    "budget, stochastic, draft_vocab, draft_quant, target_forward",
+    [(DraftBudget(k=2), False, 0, "off", "hf"),
+     (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, 0, "off", "hf"),
+     (DraftBudget(tree=True, width=3, depth=2, max_nodes=8), False, 0, "off", "hf"),
+     (DraftBudget(k=2), False, V // 2, "off", "hf"),
+     (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, V // 2, "off", "hf"),
+     (DraftBudget(k=2), False, 0, "int8", "hf"),
+     (DraftBudget(k=2), False, 0, "off", "fast"),
+     (DraftBudget(tree=True, width=2, depth=2, max_nodes=6), True, 0, "off", "fast")],
+    ids=["chain", "stochastic-tree", "top-w-tree", "chain-half-vocab", "stochastic-tree-half-vocab", "chain-int8",
+         "chain-fast-target", "stochastic-tree-fast-target"],
 )
-def test_engine_sampling_matches_target(budget, stochastic, draft_vocab, draft_quant):
+def test_engine_sampling_matches_target(budget, stochastic, draft_vocab, draft_quant, target_forward):
     """The whole loop with a real draft model: first two generated tokens follow the target's distribution.
 
     With ``draft_vocab`` the draft never proposes half the tokens (q = 0 there); the target's mass on them must
     come back through the residual. With ``draft_quant`` the draft's q comes from int8/fp16 weights (a Llama draft,
-    which the lean forward runs).
+    which the lean forward runs). ``target_forward="fast"`` verifies through the packed-kernel path and its
+    preallocated cache; the exact distribution is still transformers' own forward's.
     """
-    target = tiny.target("llama", V, layers=2, seed=0, scale=15)
-    exact = Table(target.model).joint()
+    target = tiny.target("llama", V, forward=target_forward, layers=2, seed=0, scale=15)
+    exact = Table(tiny.model("llama", V, layers=2, seed=0, scale=15)).joint()
     arch = "llama" if draft_quant != "off" else "qwen2"
     drafter = DraftModelDrafter(tiny.model(arch, V, layers=1, seed=3, scale=15), V, stochastic_tree=stochastic,
                                 draft_vocab=draft_vocab, draft_quant=draft_quant)

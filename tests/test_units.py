@@ -4,7 +4,7 @@ import pytest
 import tiny
 import torch
 
-from specviz.drafters.base import DraftBudget
+from specviz.engine.drafter import DraftBudget
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine import metrics
 from specviz.engine.loop import GenerationConfig, plain_decode

@@ -9,6 +9,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specviz.engine.target import Target
+from specviz.models import fast_forward
 
 
 def tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
@@ -43,8 +44,12 @@ def model(arch: str = "llama", vocab_size: int = 64, layers: int = 2, hidden: in
     return net.to(dtype).eval()
 
 
-def target(arch: str = "llama", vocab_size: int = 64, **kwargs) -> Target:
-    return Target(model=model(arch, vocab_size, **kwargs), tokenizer=tokenizer(vocab_size), name=f"tiny-{arch}")
+def target(arch: str = "llama", vocab_size: int = 64, forward: str = "hf", **kwargs) -> Target:
+    """A tiny target run through transformers' forward (``hf``) or the fast path's packed-kernel copy (``fast``)."""
+    net = model(arch, vocab_size, **kwargs)
+    if forward == "fast":
+        net = fast_forward.fast_copy(net)
+    return Target(model=net, tokenizer=tokenizer(vocab_size), name=f"tiny-{arch}", forward=forward)
 
 
 def truncated(net: torch.nn.Module, layers: int) -> torch.nn.Module:

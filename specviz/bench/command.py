@@ -19,7 +19,7 @@ from specviz.errors import SpecvizError
 QUICK = {"max_new_tokens": 24, "limit_per_category": 1}
 #: --quick's categories when the file has them: open-ended writing (MT-bench), a short factual answer and a worked
 #: math answer (the most predictable). Summarization and rag are left out because their ~700-token prompts make
-#: prefill dominate a 24-token smoke test; with them the suite took 4.7 min on 2 idle cores (budget: 3 min).
+#: prefill dominate a 24-token smoke test; with them the suite overran its 3-minute budget on 2 idle cores.
 QUICK_CATEGORIES = ("writing", "qa", "math_reasoning")
 FULL_MAX_NEW_TOKENS = 128
 

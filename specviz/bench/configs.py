@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from specviz.drafters.base import DraftBudget
+from specviz.engine.drafter import DraftBudget
 from specviz.drafters.quantized import check_draft_quant
 from specviz.errors import SpecvizError
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specviz.drafters.base import DraftBudget, Drafter
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import Clock, Generation, GenerationConfig
 from specviz.engine.round import Round
 from specviz.engine.target import Target

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from specviz.bench.configs import RunSpec
 from specviz.bench.prompts import BenchPrompt
 from specviz.bench.runners import RunResult, run_hf, run_specviz
-from specviz.drafters.base import Drafter
+from specviz.engine.drafter import Drafter
 from specviz.engine.loop import GenerationConfig
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError

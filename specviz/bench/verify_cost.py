@@ -1,8 +1,8 @@
 """What one target forward costs as the number of tokens it verifies grows: the curve every draft budget pays.
 
 Speculative decoding assumes verifying w tokens costs about as much as one. On GPUs that holds up to a width set by
-the hardware; on CPUs it can break at small widths (on the 2-core Xeon of BENCHMARKS.md run 7, 3 tokens cost 1.35×
-one token and 4 tokens 1.79×), so the best chain length and tree budget depend on this curve. The bench measures
+the hardware; on CPUs it can break at small widths (measured figures: BENCHMARKS.md, "Verify cost"), so the best
+chain length and tree budget depend on this curve. The bench measures
 it on the real target, over a real cached context, so its report says where drafting more stops being free.
 """
 
@@ -48,7 +48,7 @@ def measure(target: Target, context: list[int], widths: list[int], repeats: int 
     if len(context) + max(widths) > target.max_positions:
         raise SpecvizError(f"verify cost: {len(context)} context tokens plus width {max(widths)} exceed the "
                            f"target's {target.max_positions} positions")
-    cache = kv.new_cache(target.model, len(context) + max(widths), target.name)
+    cache = kv.new_cache(target.model, len(context) + max(widths), target.name, preallocate=target.preallocated_cache)
     prefill(target.model, cache, context)
     past = len(context)
     filler = (context * (max(widths) // len(context) + 1))[: max(widths)]  # real token ids, never out of range

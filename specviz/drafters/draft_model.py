@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specviz.drafters.base import DraftBudget, Drafter
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.drafters.lean_llama import lean_forward_for
 from specviz.drafters.quantized import check_draft_quant
 from specviz.engine import cache as kv
@@ -76,7 +76,7 @@ class DraftModelDrafter(Drafter):
                 "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     def begin(self, prompt_ids: list[int]) -> None:
-        self._cache = kv.new_cache(self.model, len(prompt_ids) + MAX_NEW_TOKENS + 64, self.name)
+        self._cache = kv.new_cache(self.model, len(prompt_ids) + MAX_NEW_TOKENS + 64, self.name, preallocate=True)
         self._cached = []
         self._fed = {}
 

@@ -4,8 +4,8 @@ Why: a draft model is small on purpose, so on a CPU its forward is dominated by 
 arithmetic. transformers' Llama goes through many small module and tensor calls per layer (separate q/k/v and
 gate/up projections, rotate-half with two slices and a concat, mask building, attention-interface lookup). This
 forward fuses q/k/v and gate/up into one matmul each and calls ``rms_norm``/``scaled_dot_product_attention``
-directly; for the earlier shipped 4-layer, 256-wide draft a draft step went from 5.38 to 3.88 ms on 2 CPU cores
-(``python -m specviz.bench.draft_forward``, BENCHMARKS.md run 7).
+directly, so a small draft's step gets markedly cheaper on CPU (``python -m specviz.bench.draft_forward`` measures
+it; measured figures: BENCHMARKS.md).
 
 Only the configurations whose maths it reproduces are accepted (plain RoPE, SiLU MLP, no biases, no sliding
 window); anything else keeps transformers' forward. It reads and writes the same ``DynamicCache`` and takes the

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import torch
 
-from specviz.drafters.base import DraftBudget, Drafter
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError

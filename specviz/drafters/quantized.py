@@ -1,18 +1,18 @@
 """Reduced-precision weights for a draft model's projections on CPU (``draft_quant="int8"``).
 
 Why: on a CPU a draft step is memory-bound, and most of it is the 49k-row output layer. fbgemm's dynamic int8
-matmul (int8 weights, activations quantised per call) reads a quarter of the bytes; for the shipped draft one
-output-layer product went from 7.4 to 1.6 ms on one core. Only the draft changes: the target still verifies in
+matmul (int8 weights, activations quantised per call) reads a quarter of the bytes, so the output-layer product
+gets several times cheaper (measured figures: BENCHMARKS.md). Only the draft changes: the target still verifies in
 full precision, so the output stays exactly the target's; a less faithful draft can only cost acceptance.
 
 Which weights: int8 (per output channel) for the projections whose input is an RMS-normalised activation
 (q/k/v, gate/up, the output layer), fp16-packed weights for the two whose input is a raw activation with outliers
-(attention output and MLP down). Measured on the shipped draft, teacher-forced on the 26 held-out Spec-Bench
-answers: top-1 agreement 0.347 in fp32, 0.345 with this split, 0.244 with int8 everywhere (dynamic per-tensor
-activation scales cannot cover the down projection's outliers).
+(attention output and MLP down). Teacher-forced on the held-out Spec-Bench answers, this split keeps the shipped
+draft's top-1 agreement close to fp32, while int8 everywhere loses much of it (dynamic per-tensor activation scales
+cannot cover the down projection's outliers); measured figures: BENCHMARKS.md.
 
-Packing happens when the drafter is built (about 0.5 s for the shipped draft, against 0.07 s without int8), not
-during a run, so it is outside every timed generation.
+Packing happens when the drafter is built (it lengthens that step, not a run), so it is outside every timed
+generation.
 
 These are fbgemm's packed matmuls (``torch.ops.quantized``), which torch has marked deprecated; where a torch build
 lacks them the option fails with one line and the full-precision draft keeps working.
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from specviz.errors import SpecvizError
+from specviz.models import fast_forward
 
 DRAFT_QUANT_CHOICES = ("off", "int8")
 
@@ -53,7 +54,9 @@ def check_quantizable(weight: torch.Tensor) -> None:
 
 
 def full_precision(weight: torch.Tensor) -> Projection:
-    """``x @ weight.T`` with the weight as it is."""
+    """``x @ weight.T`` with the weight as it is: through pre-packed oneDNN where it runs, else ``F.linear``."""
+    if fast_forward.available(str(weight.device), weight.dtype):
+        return fast_forward.packed_linear(weight)
     return lambda x: F.linear(x, weight)
 
 

@@ -84,8 +84,8 @@ def accept(
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """Row-wise argmax (first maximum on ties, like ``torch.argmax``).
 
-    On CPU, numpy's vectorised argmax is an order of magnitude faster than ``torch.argmax`` over a 50k-entry
-    vocabulary (torch 2.x); at k = 8 that is most of a round's engine time.
+    On CPU, numpy's vectorised argmax is much faster than ``torch.argmax`` over a 50k-entry vocabulary (torch 2.x),
+    and at large k the argmaxes are a large part of a round's engine time (measured figures: BENCHMARKS.md).
     """
     if logits.device.type == "cpu":
         return logits.detach().float().numpy().argmax(-1).tolist()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specviz.drafters.base import DraftBudget, Drafter
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine import cache as kv
 from specviz.engine.accept import Acceptance, accept
 from specviz.engine.round import Round, TokenChoice
@@ -84,7 +84,9 @@ class Generation:
             room = max(0, limit - len(self.prompt_ids) - (self.budget.max_depth if drafter else 0) - 1)
             raise SpecvizError(f"max-new-tokens {config.max_new_tokens} overflows the {limit}-token context window; "
                                f"at most {room} fit after this prompt")
-        self.cache = kv.new_cache(target.model, needed, target.name)
+        widest = max(self.budget.k, self.budget.max_nodes) if drafter else 0  # nodes one verify forward may add
+        self.cache = kv.new_cache(target.model, max(needed, len(self.prompt_ids) + config.max_new_tokens + widest + 1),
+                                  target.name, preallocate=target.preallocated_cache)
         self.new_tokens: list[int] = []
         self.rounds: list[Round] = []
         self.prefill_ms = 0.0

@@ -14,18 +14,28 @@ class Target:
     """A causal LM and its tokenizer, with cached token texts for the trace.
 
     ``model`` must accept ``input_ids``, ``position_ids``, ``attention_mask`` (4D additive for trees) and ``cache``.
+    ``forward`` says how it runs: ``hf`` (transformers' own forward, ``DynamicCache``) or ``fast`` (the same modeling
+    code with pre-packed linear kernels, ``specviz.models.fast_forward``, and a preallocated KV cache whose
+    rollback is a length change).
     """
 
     model: torch.nn.Module
     tokenizer: object
     name: str = "target"
     source: str = ""
+    forward: str = "hf"
     _pieces: dict[int, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_loaded(cls, loaded) -> Target:
-        """Wrap a ``specviz.models.LoadedModel``."""
-        return cls(model=loaded.model, tokenizer=loaded.tokenizer, name=loaded.name, source=str(loaded.source))
+    def from_loaded(cls, loaded, model: torch.nn.Module | None = None, forward: str = "hf") -> Target:
+        """Wrap a ``specviz.models.LoadedModel`` (``model``: a faster copy of its model, run as ``forward``)."""
+        return cls(model=model if model is not None else loaded.model, tokenizer=loaded.tokenizer, name=loaded.name,
+                   source=str(loaded.source), forward=forward)
+
+    @property
+    def preallocated_cache(self) -> bool:
+        """The fast path keeps KV in preallocated buffers (no concatenation per step)."""
+        return self.forward == "fast"
 
     @property
     def device(self) -> torch.device:

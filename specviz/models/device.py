@@ -93,3 +93,22 @@ def choose_runtime(device: str | None = None, dtype: torch.dtype | str | None = 
     resolved_dtype = choose_dtype(resolved, dtype)
     attn = choose_attn_implementation(resolved, resolved_dtype, need_tree_mask=need_tree_mask)
     return Runtime(device=resolved, dtype=resolved_dtype, attn_implementation=attn)
+
+
+#: How the target runs its forward: ``fast`` (pre-packed oneDNN linears, a preallocated KV cache) where it is
+#: available, else ``hf`` (transformers' own forward and ``DynamicCache``); ``auto`` picks fast where it runs.
+TARGET_FORWARDS = ("auto", "fast", "hf")
+
+
+def choose_target_forward(requested: str | None, device: str, dtype: torch.dtype) -> str:
+    """Resolve ``auto`` / ``fast`` / ``hf`` for a target on ``device`` in ``dtype`` (fast is CPU-only for now)."""
+    from specviz.models import fast_forward
+
+    requested = requested or "auto"
+    if requested not in TARGET_FORWARDS:
+        raise SpecvizError(f"target-forward must be one of {', '.join(TARGET_FORWARDS)}, got {requested!r}")
+    runs = fast_forward.available(device, dtype)
+    if requested == "fast" and not runs:
+        raise SpecvizError(f"the fast target forward runs on CPU in float32/bfloat16 with oneDNN; not on {device} in "
+                           f"{dtype}: use --target-forward hf")
+    return "fast" if requested == "fast" or (requested == "auto" and runs) else "hf"

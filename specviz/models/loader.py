@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError, UnsupportedModelError
-from specviz.models import gguf_file, hub, memory, policy, shared_embedding
+from specviz.models import fast_forward, gguf_file, hub, memory, policy, shared_embedding
 from specviz.models.device import Runtime, choose_runtime
 from specviz.models.registry import REGISTRY, RegistryEntry, get_entry
 from specviz.models.safetensors_check import weight_files
@@ -56,6 +56,13 @@ class LoadedModel:
     def vocab_size(self) -> int:
         """Rows of the output head (may exceed ``len(tokenizer)`` when the vocabulary is padded)."""
         return int(self.model.config.vocab_size)
+
+    def fast_model(self) -> torch.nn.Module:
+        """The model with pre-packed linear kernels (``fast_forward.fast_copy``), built once and kept."""
+        with _LOCK:
+            if "fast_model" not in self.extra:
+                self.extra["fast_model"] = fast_forward.fast_copy(self.model)
+            return self.extra["fast_model"]
 
 
 _CACHE: dict[tuple, LoadedModel] = {}

@@ -25,7 +25,8 @@ from specviz.errors import SpecvizError
 CONFIG_KEY = "specviz_shared_weights"
 #: Rows whose norms fingerprint the shared tensor; spread over the vocabulary, all below 4096 so small vocabs work.
 FINGERPRINT_ROWS = tuple(range(0, 4096, 256))
-#: Relative tolerance of the fingerprint: a bf16 copy of an fp32 donor differs by ~0.4 %, another model by far more.
+#: Relative tolerance of the fingerprint: a bf16 copy of an fp32 donor differs only by bf16 rounding, another model
+#: by far more.
 FINGERPRINT_RTOL = 2e-2
 
 

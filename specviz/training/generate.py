@@ -1,6 +1,6 @@
 """Self-distillation data: the target's own chat answers, with its top-k probabilities captured for free.
 
-Batched greedy decoding with left padding (≈10× the batch-1 rate on CPU); finished rows leave the batch (their KV
+Batched greedy decoding with left padding (many times the batch-1 rate on CPU); finished rows leave the batch (their KV
 rows are dropped) so long answers do not keep short ones busy. The logits computed while decoding are exactly the
 target's next-token distributions, so no second feature pass is needed for the answer tokens.
 """

@@ -65,8 +65,9 @@ def _calm_queue(demo: gr.Blocks) -> None:
     """Poll Gradio's queue every 20 ms instead of every 1 ms.
 
     Gradio's queue loop wakes up 1000 times a second even when idle; in the process that also runs the engine
-    that costs the engine the GIL and, on a busy CPU, a core (measured: about a third of the tokens/s on a loaded
-    2-core machine, see specviz/ui/perf.py). 20 ms only delays the start of an event by up to 20 ms.
+    that costs the engine the GIL and, on a busy CPU, a core: a visible share of the tokens/s on a small loaded
+    machine (specviz/ui/perf.py measures it; measured figures: BENCHMARKS.md). 20 ms only delays the start of an
+    event by up to 20 ms.
     """
     queue = getattr(demo, "_queue", None)
     if queue is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from specviz.drafters.base import LIMITS
+from specviz.engine.drafter import LIMITS
 from specviz.drafters.quantized import DRAFT_QUANT_CHOICES
 from specviz.errors import SpecvizError
 from specviz.ui import examples, runner

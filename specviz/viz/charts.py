@@ -1,6 +1,6 @@
 """Run-level charts (per-position acceptance, acceptance-length histogram, time split, tokens/s) and the
 rejection debugger's top-k bars. Figures are built as plain dicts (no named template) because plotly's template
-machinery costs ~40 ms a figure, more than a CPU round of the target takes to verify.
+machinery costs more per figure than a CPU round of the target takes to verify (measured figures: BENCHMARKS.md).
 """
 
 from __future__ import annotations

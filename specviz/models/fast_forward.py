@@ -1,0 +1,70 @@
+"""The fast CPU execution path for an unmodified Hugging Face target: every ``nn.Linear`` through oneDNN.
+
+Speculative decoding pays off when verifying k + 1 tokens costs about what one token costs. On CPUs the default
+dispatch of ``F.linear`` (MKL) picks kernels whose cost grows steeply with the number of rows and leaves one-row
+products on one thread; oneDNN with weights reordered once into its blocked layout stays near the memory-bandwidth
+floor for 1 to 16 rows (BENCHMARKS.md has the curve). So each linear layer keeps its module and its weights, and only
+its ``forward`` is replaced by a call to the packed kernel. The modeling code is transformers' own.
+
+``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow
+the target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed
+weights, in oneDNN's layout, are new memory. The numbers are the same maths in another summation order, so logits agree
+with transformers' forward to float tolerance, not bit for bit; the tests compare greedy output with
+transformers' own ``generate``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from specviz.errors import SpecvizError
+
+#: The name the trace header and the UI show for this path.
+KERNEL = "onednn-packed-linear"
+_MARK = "_specviz_fast_forward"
+
+
+def available(device: str, dtype: torch.dtype) -> bool:
+    """True where the packed oneDNN linear runs: CPU, float32 or bfloat16, a torch built with oneDNN."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    return (device.split(":", 1)[0] == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+            and hasattr(ops, "_reorder_linear_weight"))
+
+
+def fast_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` sharing all its tensors whose linear layers run through pre-packed oneDNN kernels."""
+    parameter = next(model.parameters())
+    if not available(str(parameter.device), parameter.dtype):
+        raise SpecvizError(f"the fast target forward needs a CPU model in float32 or bfloat16 and a torch built with "
+                           f"oneDNN; this one is {parameter.dtype} on {parameter.device}: use --target-forward hf")
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    fast = copy.deepcopy(model, shared)  # new modules, the same parameter and buffer tensors
+    for module in fast.modules():
+        if isinstance(module, nn.Linear):
+            module.forward = packed_linear(module.weight, module.bias)
+    setattr(fast, _MARK, True)
+    return fast
+
+
+def is_fast(model: nn.Module) -> bool:
+    return bool(getattr(model, _MARK, False))
+
+
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once into its blocked layout."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    bias = None if bias is None else bias.detach()
+    out_features = weight.shape[0]
+    linear = torch.ops.mkldnn._linear_pointwise
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.dtype != packed.dtype or not rows.is_contiguous():
+            rows = rows.to(packed.dtype).contiguous()
+        return linear(rows, packed, bias, "none", [], "").reshape(*x.shape[:-1], out_features)
+
+    return forward

