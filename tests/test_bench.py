@@ -12,8 +12,8 @@ from specviz.bench.prompts import BenchPrompt
 from specviz.bench.runners import RunResult, run_hf, run_specviz
 from specviz.bench.suite import PromptRuns, Sample, SuiteResult
 from specviz.bench.summary import OVERALL, PLAIN_ROW, sample_predicted, sample_speedup, summarise
-from specviz.engine.drafter import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import GenerationConfig
 from specviz.engine.round import Round
 from specviz.errors import SpecvizError

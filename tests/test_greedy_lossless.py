@@ -5,9 +5,9 @@ import tiny
 import torch
 from transformers import DynamicCache
 
-from specviz.engine.drafter import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
 from specviz.drafters.ngram import NgramDrafter
+from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
 from specviz.engine.verify import prefill
 from specviz.errors import SpecvizError

@@ -6,9 +6,9 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from specviz.bench.draft_forward import compare
-from specviz.engine.drafter import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.lean_llama import LeanLlama, lean_forward_for
+from specviz.engine.drafter import DraftBudget
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.verify import masked_forward
 from specviz.errors import SpecvizError

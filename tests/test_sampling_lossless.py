@@ -16,11 +16,11 @@ import tiny
 import torch
 from scipy.stats import chisquare
 
-from specviz.engine.drafter import DraftBudget
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.engine import accept as accept_module
 from specviz.engine import sampling
 from specviz.engine.accept import accept
+from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig
 from specviz.engine.sampling import SamplingConfig, probabilities
 from specviz.engine.tree import DraftTree

@@ -4,9 +4,9 @@ import pytest
 import tiny
 import torch
 
-from specviz.engine.drafter import DraftBudget
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine import metrics
+from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import GenerationConfig, plain_decode
 from specviz.engine.round import Round
 from specviz.engine.sampling import SamplingConfig, make_generator, probabilities

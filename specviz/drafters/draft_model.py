@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.drafters.lean_llama import lean_forward_for
 from specviz.drafters.quantized import check_draft_quant
 from specviz.engine import cache as kv
 from specviz.engine.accept import argmax_rows
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig, probabilities
 from specviz.engine.tree import ROOT, DraftTree

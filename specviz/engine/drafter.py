@@ -1,4 +1,4 @@
-"""The drafter contract, owned by the engine: every family proposes a ``DraftTree`` and hears back what was committed."""
+"""The drafter contract, owned by the engine: each family proposes a ``DraftTree`` and hears what was committed."""
 
 from __future__ import annotations
 

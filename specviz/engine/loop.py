@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine import cache as kv
 from specviz.engine.accept import Acceptance, accept
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.round import Round, TokenChoice
 from specviz.engine.sampling import SamplingConfig, make_generator, probabilities
 from specviz.engine.target import Target
