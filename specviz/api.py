@@ -3,7 +3,8 @@
 >>> from specviz import api
 >>> target = api.load_target("smollm2-135m")
 >>> drafter = api.make_drafter("ngram", target)
->>> run = api.start(target, "Tell me a story.", drafter, api.DraftBudget(k=4), api.GenerationConfig(max_new_tokens=64))
+>>> settings = api.settings.validate({"k": 4, "max_new_tokens": 64})   # the declared run settings, checked once
+>>> run = api.start(target, "Tell me a story.", drafter, api.budget_for(settings), api.config_for(settings))
 >>> for round_ in run:                 # one Round per verify forward
 ...     print(round_.accepted, round_.committed_text)
 >>> run.text, api.metrics.compute(run.rounds, run.elapsed_s).tau
@@ -11,16 +12,17 @@
 
 from __future__ import annotations
 
-from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
-from specviz.drafters.ngram import NgramDrafter
-from specviz.drafters.quantized import check_draft_quant
+from collections.abc import Mapping
+from typing import Any
+
+from specviz import settings
+from specviz.drafters import registry
 from specviz.engine import metrics, trace
+from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
-from specviz.errors import SpecvizError
 
 __all__ = [
     "DRAFTER_KINDS",
@@ -31,20 +33,22 @@ __all__ = [
     "GenerationConfig",
     "SamplingConfig",
     "Target",
+    "budget_for",
+    "config_for",
     "header_for",
     "load_target",
     "make_drafter",
     "metrics",
     "plain_decode",
+    "registry",
+    "settings",
     "start",
     "summary_for",
     "trace",
 ]
 
-DRAFTER_KINDS = {
-    "ngram": "prompt lookup: continue with what followed the latest matching n-gram (ngram or ngram:N for max n)",
-    "model:<name|dir|hub id>": "an independent draft LM with the target's tokenizer",
-}
+#: spec syntax -> description, for every registered drafter family
+DRAFTER_KINDS = {family.syntax: family.description for family in registry.families()}
 
 
 def load_target(spec: str, *, target_forward: str = "auto", **kwargs) -> Target:
@@ -62,30 +66,28 @@ def load_target(spec: str, *, target_forward: str = "auto", **kwargs) -> Target:
     return Target.from_loaded(loaded, model=loaded.fast_model(), forward=forward)
 
 
-def make_drafter(spec: str, target: Target, *, stochastic_tree: bool = False, draft_vocab: int = 0,
-                 draft_quant: str = "off", **kwargs) -> Drafter:
-    """Build a drafter from its spec: ``ngram``, ``ngram:N`` or ``model:<name|dir|hub id>``.
+def make_drafter(spec: str, target: Target, run_settings: Mapping[str, Any] | None = None, **values) -> Drafter:
+    """Build a drafter from its spec (``ngram``, ``ngram:N``, ``model:<name|dir|hub id>``; see
+    ``specviz.drafters.registry``) with the run settings its family reads.
 
-    ``draft_vocab`` > 0 makes a draft model draft from its first that many token ids only (see DraftModelDrafter);
-    ``draft_quant="int8"`` gives it reduced-precision weights on CPU (see ``specviz.drafters.quantized``).
+    ``run_settings`` (or keywords such as ``draft_vocab=16384``, ``draft_quant="int8"``, ``device="cpu"``) are
+    ``specviz.settings`` names; values that come from ``settings.validate`` are not checked again.
     """
-    spec = (spec or "").strip()
-    check_draft_vocab(draft_vocab)
-    check_draft_quant(draft_quant)
-    kind, _, argument = spec.partition(":")
-    if kind == "ngram":
-        if argument and not argument.isdigit():
-            raise SpecvizError(f"ngram takes a maximum n-gram size, e.g. ngram:3, got {spec!r}")
-        return NgramDrafter(max_ngram=int(argument) if argument else 3)
-    if kind == "model" and argument:
-        from specviz.models import check_same_tokenizer, load_model
+    family, argument = registry.parse(spec)
+    checked = settings.validate({**run_settings, **values} if values and run_settings else values or run_settings)
+    return family.build(argument, target, checked)
 
-        loaded = load_model(argument, role="draft", **kwargs)
-        check_same_tokenizer(target, loaded)
-        return DraftModelDrafter(loaded.model, target.vocab_size, name=f"model:{loaded.name}",
-                                 stochastic_tree=stochastic_tree, draft_vocab=draft_vocab, draft_quant=draft_quant)
-    known = ", ".join(DRAFTER_KINDS)
-    raise SpecvizError(f"unknown drafter {spec!r}; use one of: {known}")
+
+def budget_for(values: Mapping[str, Any]) -> DraftBudget:
+    """The draft budget of checked run settings (``settings.validate``)."""
+    return DraftBudget(tree=values["tree"], k=values["k"], width=values["width"], depth=values["depth"],
+                       max_nodes=values["max_nodes"], min_draft_prob=values["min_draft_prob"])
+
+
+def config_for(values: Mapping[str, Any]) -> GenerationConfig:
+    """The generation config (length, sampler, seed) of checked run settings."""
+    sampling = SamplingConfig(temperature=values["temperature"], top_p=values["top_p"], top_k=values["top_k"])
+    return GenerationConfig(max_new_tokens=values["max_new_tokens"], sampling=sampling, seed=values["seed"])
 
 
 def start(
@@ -95,18 +97,22 @@ def start(
     budget: DraftBudget | None = None,
     config: GenerationConfig | None = None,
     *,
-    chat: bool = False,
+    chat: bool | None = None,
 ) -> Generation:
-    """A generation ready to iterate (one ``Round`` per step); ``drafter=None`` is plain decoding."""
+    """A generation ready to iterate (one ``Round`` per step); ``drafter=None`` is plain decoding. A missing budget,
+    config or ``chat`` (for a text prompt) takes the declared defaults (``specviz.settings``)."""
+    defaults = settings.validate()
+    chat = defaults["chat"] if chat is None else chat
     prompt_ids = prompt if isinstance(prompt, list) else target.encode_prompt(prompt, chat=chat)
-    return Generation(target, prompt_ids, config or GenerationConfig(), drafter, budget)
+    return Generation(target, prompt_ids, config or config_for(defaults), drafter, budget or budget_for(defaults))
 
 
 def header_for(run: Generation, prompt_text: str | None = None, chat: bool = False) -> dict:
     """The trace header describing ``run``."""
     target = run.target
     return trace.make_header(
-        target={"name": target.name, "source": target.source, "vocab_size": target.vocab_size},
+        target={"name": target.name, "source": target.source, "vocab_size": target.vocab_size,
+                "forward": target.forward},
         drafter=run.drafter.describe() if run.drafter else None,
         config={**run.config.to_dict(), "chat": chat},
         budget=run.budget.to_dict() if run.drafter else None,

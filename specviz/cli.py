@@ -1,18 +1,27 @@
-"""Command line: ``python -m specviz generate|bench|train ...``. User errors: one line on stderr, exit code 2."""
+"""Command line: ``python -m specviz generate|bench|train ...``. User errors: one line on stderr, exit code 2.
+
+The run settings' options come from their declaration (``specviz.settings``), the drafter specs from the drafter
+registry; the other subcommands register from ``SUBCOMMANDS`` (module paths, imported when the parser is built).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable
 
-from specviz import api
-from specviz.drafters.draft_model import check_draft_vocab
-from specviz.drafters.quantized import check_draft_quant
+from specviz import api, settings
+from specviz.drafters import registry
 from specviz.errors import SpecvizError
 
-DEFAULT_TARGET = "smollm2-135m"
+#: name -> (module, its add-parser function, its run function). Optional: a command whose module does not import
+#: (e.g. training left out of a deployment) is simply not offered.
+SUBCOMMANDS = {
+    "bench": ("specviz.bench.command", "add_parser", "run"),
+    "train": ("specviz.training.cli", "add_train_subparser", "run_train"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,53 +29,10 @@ class _Parser(argparse.ArgumentParser):
         raise SpecvizError(f"{self.prog}: {message}")
 
 
-def add_generation_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by every command that runs generations (generate, bench)."""
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="registry name, model directory, .gguf or hub id")
-    parser.add_argument("--k", type=int, default=4, help="chain length (tokens drafted per round)")
-    parser.add_argument("--tree", action="store_true", help="draft a tree instead of a chain")
-    parser.add_argument("--width", type=int, default=4, help="tree: children per expanded node")
-    parser.add_argument("--depth", type=int, default=5, help="tree: maximum depth")
-    parser.add_argument("--budget", type=int, default=24, help="tree: maximum number of nodes")
-    parser.add_argument("--min-draft-prob", type=float, default=0.0,
-                        help="stop a draft branch after a token the draft model gives less than this probability "
-                             "(transformers' assistant_confidence_threshold; 0 = always draft k / depth)")
-    parser.add_argument("--stochastic-tree", action="store_true",
-                        help="tree at temperature > 0: draw children from the draft instead of taking its top-w")
-    parser.add_argument("--draft-vocab", type=int, default=0,
-                        help="draft models: draft from the first N token ids only, with the output layer cut to "
-                             "those rows (0 = the whole vocabulary)")
-    parser.add_argument("--draft-quant", default="off",
-                        help="draft models on CPU: off, or int8 (int8/fp16 weights for the draft only; the target "
-                             "still verifies in full precision, so output is unchanged). bench: a comma list")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
-    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
-
-
-def budget_from(args: argparse.Namespace) -> api.DraftBudget:
-    return api.DraftBudget(tree=args.tree, k=args.k, width=args.width, depth=args.depth, max_nodes=args.budget,
-                           min_draft_prob=args.min_draft_prob)
-
-
-def drafter_options(args: argparse.Namespace) -> dict:
-    """``make_drafter`` keywords from the shared options, checked before any model loads."""
-    return {"stochastic_tree": args.stochastic_tree, "draft_vocab": check_draft_vocab(args.draft_vocab)}
-
-
-def config_from(args: argparse.Namespace) -> api.GenerationConfig:
-    sampling = api.SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    return api.GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed)
-
-
 def _generate_parser(sub) -> None:
     parser = sub.add_parser("generate", help="run one speculative generation")
-    add_generation_options(parser)
-    parser.add_argument("--drafter", default="ngram", help="ngram, ngram:N or model:<name|dir|hub id>")
+    settings.add_options(parser, readers=registry.reader_titles())
+    parser.add_argument("--drafter", default=registry.DEFAULT_SPEC, help=registry.spec_help())
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--baseline", action="store_true", help="also run plain decoding and report the speedup")
     parser.add_argument("--trace", help="write the JSON Lines trace here")
@@ -74,20 +40,21 @@ def _generate_parser(sub) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    budget, config, options = budget_from(args), config_from(args), drafter_options(args)  # before loading anything
-    options["draft_quant"] = check_draft_quant(args.draft_quant)  # one value here; bench takes a list
+    values = settings.from_args(args)  # every setting checked before anything loads
+    registry.parse(args.drafter)
+    budget, config = api.budget_for(values), api.config_for(values)
     if not args.prompt.strip():
         raise SpecvizError("the prompt is empty")
-    kwargs = {"device": args.device} if args.device else {}
-    target = api.load_target(args.target, **kwargs)
-    drafter = api.make_drafter(args.drafter, target, **options, **kwargs)
-    prompt_ids = target.encode_prompt(args.prompt, chat=args.chat)
+    kwargs = {"device": values["device"]} if values["device"] else {}
+    target = api.load_target(values["target"], target_forward=values["target_forward"], **kwargs)
+    drafter = api.make_drafter(args.drafter, target, values)
+    prompt_ids = target.encode_prompt(args.prompt, chat=values["chat"])
     warm_up(target, prompt_ids)
     run = api.start(target, prompt_ids, drafter, budget, config).run()
     baseline = api.plain_decode(target, prompt_ids, config) if args.baseline else None
     summary = api.summary_for(run, baseline)
     if args.trace:
-        api.trace.write(args.trace, api.header_for(run, args.prompt, args.chat), run.rounds, summary)
+        api.trace.write(args.trace, api.header_for(run, args.prompt, values["chat"]), run.rounds, summary)
     measured = summary["metrics"]
     if args.json:
         out = {
@@ -118,29 +85,29 @@ def warm_up(target: api.Target, prompt_ids: list[int]) -> None:
 
 
 def _subcommands() -> dict[str, tuple[Callable, Callable]]:
-    """name -> (add parser, run). Optional commands register only when their module is present."""
+    """name -> (add parser, run)."""
     commands: dict[str, tuple[Callable, Callable]] = {"generate": (_generate_parser, run_generate)}
-    try:
-        from specviz import bench
-
-        commands["bench"] = (bench.add_parser, bench.run)
-    except ImportError:
-        pass
-    try:
-        from specviz.training import cli as training_cli
-
-        commands["train"] = (training_cli.add_train_subparser, training_cli.run_train)
-    except ImportError:
-        pass
+    for name, (module_name, add, run) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        commands[name] = (getattr(module, add), getattr(module, run))
     return commands
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, tuple[Callable, Callable]]]:
+    """The ``specviz`` parser with every subcommand, and name -> (add parser, run)."""
     commands = _subcommands()
     parser = _Parser(prog="specviz", description="Real speculative decoding, round by round.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add, _ in commands.values():
         add(sub)
+    return parser, commands
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = build_parser()
     try:
         args = parser.parse_args(argv)
         return commands[args.command][1](args)

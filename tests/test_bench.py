@@ -41,6 +41,7 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     code = cli.main(["bench", "--target", str(model_dirs / "target"), "--drafters",
                      f"ngram,model:{model_dirs / 'draft'}", "--prompts", str(model_dirs / "prompts.jsonl"),
                      "--no-chat", "--quick", "--max-new-tokens", "20", "--k", "3", "--draft-quant", "off,int8",
+                     "--width", "4", "--depth", "5", "--budget", "24",
                      "--out", str(out)])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
@@ -74,8 +75,15 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     markdown = (out / "results.md").read_text()
     assert "## Speedup by category" in markdown and "## Per-position acceptance" in markdown
     assert data["command"] in markdown and data["machine"]["cpu"] in markdown
-    assert [c["width"] for c in data["verify_cost"]] == [1, 2, 3, 4, 5, 8, 16, 25]  # k + 1 = 4, budget + 1 = 25
-    assert "## Target forward cost by verify width" in markdown
+    cost = data["verify_cost"]
+    assert list(cost["paths"]) == ["fast", "hf"]  # the fast path and transformers' own forward, side by side
+    for curve in cost["paths"].values():
+        assert [c["width"] for c in curve] == [1, 2, 3, 4, 5, 8, 16, 25]  # k + 1 = 4, budget + 1 = 25
+    assert cost["weight_bytes"] > 0 and cost["bandwidth_gbs"] > 0
+    assert cost["floor_ms"] == pytest.approx(cost["weight_bytes"] / cost["bandwidth_gbs"] / 1e6)
+    assert data["machine"]["memory_bandwidth_gbs"] == cost["bandwidth_gbs"]
+    assert "## Target forward cost by verify width" in markdown and "fast vs width 1" in markdown
+    assert "floor ms" in markdown
     page = (out / "report.html").read_text()
     assert page.count("Plotly.newPlot") == 3 and "speedup vs τ" in page
 
@@ -95,6 +103,7 @@ def test_sampled_bench_has_no_exactness_column(capsys, model_dirs, tmp_path):
     code = cli.main(["bench", "--target", str(model_dirs / "target"), "--drafters", "ngram", "--shapes", "chain",
                      "--prompts", str(model_dirs / "prompts.jsonl"), "--no-chat", "--categories", "beta",
                      "--limit-per-category", "1", "--max-new-tokens", "12", "--temperature", "0.8", "--no-hf",
+                     "--k", "4",
                      "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     table = json.loads((tmp_path / "results.json").read_text())["summary"]["table"]

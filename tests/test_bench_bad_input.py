@@ -45,7 +45,7 @@ def test_missing_prompts_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("drafters, fragment", [
-    ("ngram,eagle", "unknown drafter 'eagle'"),
+    ("ngram,nosuch", "unknown drafter 'nosuch'"),
     ("model:", "unknown drafter 'model:'"),
     ("ngram:x", "maximum n-gram size"),
     ("ngram,,model:a", "empty entry"),

@@ -23,12 +23,13 @@ def test_quick_bench_on_the_default_target(capsys, tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     table = data["summary"]["table"]
     draft = "model:smollm2-135m-draft"
-    assert list(table) == [PLAIN_ROW, "ngram chain k=4", "ngram tree w=4 d=5 n<=24", f"{draft} chain k=4",
-                           f"{draft} tree w=4 d=5 n<=24", "hf generate (plain)", "hf prompt lookup k=4 n=3",
-                           f"hf assisted {draft} k=4"]
+    # the declared defaults (specviz.settings): chain k = 2, a 2-node tree (width 2, depth 2)
+    assert list(table) == [PLAIN_ROW, "ngram chain k=2", "ngram tree w=2 d=2 n<=2", f"{draft} chain k=2",
+                           f"{draft} tree w=2 d=2 n<=2", "hf generate (plain)", "hf prompt lookup k=2 n=3",
+                           f"hf assisted {draft} k=2"]
     assert data["summary"]["categories"] == ["writing", "qa", "math_reasoning"]
     for name, groups in table.items():
         assert groups[OVERALL]["exact"] == 3, name  # greedy: token-identical to plain decoding on every prompt
     assert data["settings"]["chat"] is True and data["machine"]["gpu"] == "none"
     assert all(p["new_tokens"] > 0 for p in data["prompts"])
-    assert (tmp_path / "report.html").stat().st_size > 0 and "| ngram chain k=4 |" in stdout
+    assert (tmp_path / "report.html").stat().st_size > 0 and "| ngram chain k=2 |" in stdout

@@ -30,9 +30,9 @@ def run_cli(capsys, *argv):
 def test_generate_json_with_baseline(capsys, model_dirs, tmp_path, shape, drafter):
     spec = "ngram" if drafter == "ngram" else f"model:{model_dirs / 'draft'}"
     quant = ["--draft-quant", "int8"] if drafter == "model-int8" else []
-    code, out, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--drafter", spec, *shape, *quant,
-                             "--prompt", "w3 w5 w7 w3 w5", "--max-new-tokens", 30, "--baseline", "--json",
-                             "--trace", tmp_path / "t.jsonl")
+    code, out, err = run_cli(capsys, "generate", "--no-chat", "--target", model_dirs / "target", "--drafter", spec,
+                             *shape, *quant, "--prompt", "w3 w5 w7 w3 w5", "--max-new-tokens", 30, "--baseline",
+                             "--json", "--trace", tmp_path / "t.jsonl")
     assert code == 0, err
     result = json.loads(out)
     for key in ("text", "token_ids", "rounds", "tau", "acceptance_rate", "tokens_per_s", "baseline_token_ids",
@@ -45,7 +45,7 @@ def test_generate_json_with_baseline(capsys, model_dirs, tmp_path, shape, drafte
 
 
 def test_sampled_generation_is_reproducible(capsys, model_dirs):
-    argv = ["generate", "--target", model_dirs / "target", "--drafter", f"model:{model_dirs / 'draft'}",
+    argv = ["generate", "--no-chat", "--target", model_dirs / "target", "--drafter", f"model:{model_dirs / 'draft'}",
             "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--prompt", "w1 w2", "--max-new-tokens", 20,
             "--json"]
     first = json.loads(run_cli(capsys, *argv)[1])
@@ -76,5 +76,5 @@ def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
     code, _, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--drafter", "magic",
                            "--prompt", "w1")
     assert code == 2 and "unknown drafter" in err
-    code, _, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--prompt", "w1 " * 2000)
+    code, _, err = run_cli(capsys, "generate", "--no-chat", "--target", model_dirs / "target", "--prompt", "w1 " * 2000)
     assert code == 2 and "reads at most" in err

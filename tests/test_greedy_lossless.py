@@ -5,7 +5,8 @@ import tiny
 import torch
 from transformers import DynamicCache
 
-from specviz.drafters.draft_model import DraftModelDrafter, check_draft_vocab
+from specviz import settings
+from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
@@ -126,5 +127,5 @@ def test_draft_vocab_trims_a_copy_and_drafts_only_the_first_ids(setup):
     assert drafted and max(drafted) < 10
     with pytest.raises(SpecvizError, match="draft-vocab must be in"):
         DraftModelDrafter(other, VOCAB, draft_vocab=VOCAB + 1)
-    with pytest.raises(SpecvizError, match="non-negative integer"):
-        check_draft_vocab(-1)
+    with pytest.raises(SpecvizError, match=r"draft-vocab must be an integer in \[0, "):
+        settings.check("draft_vocab", -1)  # the user's value is checked by the declaration

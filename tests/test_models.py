@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import save_tiny_model, tiny_tokenizer
 
 from specviz.errors import SpecvizError, UnsupportedModelError
 from specviz.models import (
@@ -21,7 +22,6 @@ from specviz.models import (
     list_models,
     load_model,
 )
-from specviz.models.tiny import save_tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,7 @@ def test_truncated_safetensors_is_corrupt(tiny_dir):
     weights.write_bytes(weights.read_bytes()[:-100])
     with pytest.raises(SpecvizError) as error:
         load_model(str(tiny_dir))
-    assert "corrupt" in one_line(error)
+    assert "corrupt" in one_line(error) and "truncated" in one_line(error)
 
 
 def test_garbage_safetensors_is_corrupt(tiny_dir):
@@ -153,6 +153,14 @@ def test_allowlist_refuses_and_allows(tiny_dir, monkeypatch):
         load_model("someone/else")
     monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", f"{tiny_dir.parent}/*")
     assert load_model(str(tiny_dir)).model is not None
+
+
+def test_memory_estimate_counts_the_stored_parameters(tiny_dir):
+    from specviz.models.memory import safetensors_numel
+    from specviz.models.safetensors_check import weight_files
+
+    loaded = load_model(str(tiny_dir))
+    assert safetensors_numel(weight_files(tiny_dir)) == sum(p.numel() for p in loaded.model.parameters())
 
 
 def test_memory_estimate_refuses_models_that_do_not_fit(tiny_dir, monkeypatch):

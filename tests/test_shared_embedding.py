@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny import save_tiny_model
 
 from specviz.errors import SpecvizError
 from specviz.models import clear_cache, load_model
 from specviz.models.shared_embedding import CONFIG_KEY
-from specviz.models.tiny import save_tiny_model
 from specviz.training.cli import main
 from specviz.training.trainers import TrainConfig, fit, get_trainer
 from tests.test_training import _fresh_cache, _tiny_data, story  # noqa: F401  (_fresh_cache: autouse fixture)

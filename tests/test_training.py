@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import WORDS, save_tiny_model
 
 from specviz.errors import SpecvizError
 from specviz.models import check_same_tokenizer, clear_cache, load_model
-from specviz.models.tiny import WORDS, save_tiny_model
 from specviz.training.batches import make_batch
 from specviz.training.cli import main
 from specviz.training.data import split_prompts
@@ -160,7 +160,8 @@ def test_draft_lm_loss_falls_and_checkpoint_loads_back(tiny_target, tmp_path, so
     first = sum(h["loss"] for h in history[:5]) / 5
     last = sum(h["loss"] for h in history[-5:]) / 5
     assert last < 0.8 * first, (first, last)
-    metrics = evaluate_agreement(lambda ids: trainer.predict_argmax(student, ids), data.subset(list(range(4))))
+    predict = lambda ids, hidden: trainer.predict_argmax(student, ids, hidden)  # noqa: E731
+    metrics = evaluate_agreement(predict, data.subset(list(range(4))))
     assert 0.0 <= metrics["top1_agreement"] <= 1.0 and metrics["positions"] > 0
     trainer.save_pretrained(student, tmp_path / "saved")
     draft = load_model(str(tmp_path / "saved"), role="draft")

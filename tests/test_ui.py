@@ -128,9 +128,11 @@ def served(tiny_targets):
 
 
 def settings_args(prompt=PROMPT_A, target="tiny", max_new_tokens=12, drafter="ngram"):
-    # prompt, mode, target, drafter, shape, k, width, depth, max_nodes, temperature, top_p, seed, max_new, stochastic,
-    # min_draft_prob, draft_vocab, draft_quant
-    return [prompt, "raw", target, drafter, "chain", 4, 3, 4, 16, 0.0, 1.0, 0, max_new_tokens, False, 0.0, 0, "off"]
+    """The panel's values (``settings.INPUT_NAMES`` order) for a raw-prompt chain k = 4."""
+    from specviz.ui import settings
+
+    return settings.values_for(runner.RunRequest(prompt=prompt, chat=False, target=target, drafter=drafter, k=4,
+                                                 width=3, depth=4, max_nodes=16, max_new_tokens=max_new_tokens))
 
 
 def test_app_two_clients_at_once_do_not_see_each_other(served):
@@ -236,8 +238,9 @@ def test_draft_options_reach_the_drafter(tiny_targets, tmp_path):
     draft_dir = tmp_path / "draft"
     tiny.truncated(target.model, 1).save_pretrained(draft_dir)
     target.tokenizer.save_pretrained(draft_dir)
-    values = [PROMPT_A, "raw", "tiny", f"model:{draft_dir}", "tree", 4, 2, 3, 8, 0.0, 1.0, 0, 24, False, 0.5, 20,
-              "int8"]
+    values = [PROMPT_A, "raw", "tiny", "auto", f"model:{draft_dir}", "tree", 4, 2, 3, 8, 0.0, 1.0, 0, 24, False, 0.5,
+              20, "int8"]
+    assert len(values) == len(settings.INPUT_NAMES)
     req = settings.request(*values)
     assert req.min_draft_prob == 0.5 and req.draft_vocab == 20 and req.budget().min_draft_prob == 0.5
     assert req.draft_quant == "int8"
@@ -247,7 +250,7 @@ def test_draft_options_reach_the_drafter(tiny_targets, tmp_path):
     for r in record.rounds:
         assert all(r.q_draft[p] >= 0.5 for p in r.parents if p >= 0)
     assert record.header["drafter"]["draft_vocab"] == 20 and record.header["drafter"]["draft_quant"] == "int8"
-    for bad in ({14: 1.0}, {15: -1}, {15: 2.5}, {16: "int4"}):
+    for bad in ({15: 1.0}, {16: -1}, {16: 2.5}, {17: "int4"}, {3: "turbo"}, {1: "markdown"}):
         broken = list(values)
         for index, value in bad.items():
             broken[index] = value

@@ -1,6 +1,12 @@
-"""Tiny randomly initialised models and a word-level tokenizer, built in-process (no hub, no files)."""
+"""Tiny randomly initialised models and word-level tokenizers, built in-process (no hub, no files shipped).
+
+``tokenizer`` / ``model`` / ``target``: in-memory targets for engine tests. ``tiny_tokenizer`` / ``save_tiny_model``: a
+tokenizer with specials and a chat template, and a model directory on disk, for loading and training tests.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
@@ -62,3 +68,47 @@ def truncated(net: torch.nn.Module, layers: int) -> torch.nn.Module:
     if getattr(short.config, "layer_types", None):
         short.config.layer_types = short.config.layer_types[:layers]
     return short
+
+
+SPECIALS = ("<unk>", "<|im_start|>", "<|im_end|>", "<pad>")
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+WORDS = ("the a cat dog sat ran on under mat tree and then it was happy sad big small red blue one two three four "
+         "five is are what why how write tell story about explain code def return x y + = . , ? ! summarize "
+         "translate answer question text user assistant system").split()
+
+
+def tiny_tokenizer(extra_words: tuple[str, ...] = (), *, shuffle_seed: int | None = None) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with a chat template (specials first, then ``WORDS``); ``shuffle_seed`` permutes ids."""
+    words = list(dict.fromkeys([*WORDS, *extra_words]))
+    if shuffle_seed is not None:
+        generator = torch.Generator().manual_seed(shuffle_seed)
+        words = [words[i] for i in torch.randperm(len(words), generator=generator).tolist()]
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *words])}
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<|im_start|>",
+                                  eos_token="<|im_end|>", pad_token="<pad>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def tiny_llama(vocab_size: int, *, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+               seed: int = 0, eos_token_id: int = 2, pad_token_id: int = 3) -> LlamaForCausalLM:
+    """A random LlamaForCausalLM with tied embeddings and ``tiny_tokenizer``'s special ids."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=1,
+                         eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    return LlamaForCausalLM(config).eval()
+
+
+def save_tiny_model(folder: Path, *, seed: int = 0, vocab_pad: int = 0, tokenizer=None, **kwargs) -> Path:
+    """Write a tiny model directory (config.json + model.safetensors + tokenizer) and return it."""
+    tokenizer = tokenizer or tiny_tokenizer()
+    net = tiny_llama(len(tokenizer) + vocab_pad, seed=seed, **kwargs)
+    folder.mkdir(parents=True, exist_ok=True)
+    net.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder

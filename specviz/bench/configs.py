@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from specviz.drafters import registry
+from specviz.drafters.ngram import ngram_size as _ngram_size
 from specviz.engine.drafter import DraftBudget
-from specviz.drafters.quantized import check_draft_quant
 from specviz.errors import SpecvizError
 
-DRAFTER_KINDS = ("ngram", "model")
 SHAPES = ("chain", "tree")
 PLAIN = "plain"
 
@@ -44,30 +44,8 @@ class RunSpec:
 
 
 def parse_drafters(text: str) -> list[str]:
-    """``"ngram,model:x"`` -> specs; unknown kinds and duplicates fail before any model is loaded."""
-    specs = [part.strip() for part in (text or "").split(",")]
-    if not any(specs):
-        raise SpecvizError("--drafters is empty; give e.g. ngram,model:<name>")
-    if "" in specs:
-        raise SpecvizError(f"--drafters {text!r} has an empty entry")
-    for spec in specs:
-        kind, _, argument = spec.partition(":")
-        if kind not in DRAFTER_KINDS or (kind == "model" and not argument):
-            raise SpecvizError(f"unknown drafter {spec!r} in --drafters; use ngram, ngram:N or model:<name|dir|hub id>")
-        if kind == "ngram" and argument and not argument.isdigit():
-            raise SpecvizError(f"ngram takes a maximum n-gram size, e.g. ngram:3, got {spec!r}")
-    duplicates = sorted({s for s in specs if specs.count(s) > 1})
-    if duplicates:
-        raise SpecvizError(f"drafter {duplicates[0]!r} is listed twice in --drafters")
-    return specs
-
-
-def parse_draft_quants(text: str) -> list[str]:
-    """``"off,int8"`` -> each draft model runs once per precision (side by side in one suite)."""
-    quants = [check_draft_quant(part.strip()) for part in (text or "").split(",") if part.strip()]
-    if not quants:
-        raise SpecvizError("--draft-quant is empty; give off, int8 or off,int8")
-    return list(dict.fromkeys(quants))
+    """``"ngram,model:x"`` -> specs; unknown families and duplicates fail before any model is loaded."""
+    return registry.parse_list(text, "--drafters")
 
 
 def parse_shapes(text: str) -> list[str]:
@@ -79,9 +57,8 @@ def parse_shapes(text: str) -> list[str]:
 
 
 def ngram_size(spec: str) -> int:
-    """The maximum n of an ``ngram[:N]`` spec (the drafter's default is 3)."""
-    _, _, argument = spec.partition(":")
-    return int(argument) if argument else 3
+    """The maximum n of an ``ngram[:N]`` spec."""
+    return _ngram_size(registry.parse(spec)[1])
 
 
 def build_specs(
@@ -93,9 +70,9 @@ def build_specs(
     tree = replace(budget, tree=True)
     specs: list[RunSpec] = []
     for drafter in drafters:
-        is_model = drafter.startswith("model:")
-        trimmed = f" vocab<{draft_vocab}" if draft_vocab and is_model else ""
-        for quant in draft_quants if is_model else ("off",):
+        reads = registry.parse(drafter)[0].reads  # only families that read a setting get its variants
+        trimmed = f" vocab<{draft_vocab}" if draft_vocab and "draft_vocab" in reads else ""
+        for quant in draft_quants if "draft_quant" in reads else ("off",):
             suffix = trimmed + ("" if quant == "off" else f" {quant}")
             for shape in shapes:
                 shaped = chain if shape == "chain" else tree
@@ -105,7 +82,8 @@ def build_specs(
         return specs
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))
     for drafter in drafters:
-        if drafter.startswith("model:"):
+        family = registry.parse(drafter)[0].name
+        if family == "model":
             stop = f" stop<{chain.min_draft_prob:g}" if chain.min_draft_prob else ""
             specs.append(RunSpec(
                 f"hf assisted {drafter} k={chain.k}{stop}", "hf", drafter, "chain", chain,
@@ -120,7 +98,7 @@ def build_specs(
                     {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
                      "assistant_confidence_threshold": 0.4},
                     note="transformers 5 defaults: num_assistant_tokens=20, constant, confidence threshold 0.4"))
-        else:
+        elif family == "ngram":  # other families have no transformers counterpart
             n = ngram_size(drafter)
             specs.append(RunSpec(
                 f"hf prompt lookup k={chain.k} n={n}", "hf", drafter, "chain", chain,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +34,18 @@ def load_average() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
+
+
+def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
+    """Read bandwidth in GB/s: the best of ``repeats`` sums over a buffer far larger than any cache."""
+    buffer = torch.ones(megabytes * (1 << 20) // 4)
+    buffer.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * 4 / best / 1e9
 
 
 def describe() -> dict:

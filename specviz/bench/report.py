@@ -120,12 +120,32 @@ def markdown(summary: Summary, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verify_cost_section(cost: list[dict]) -> list[str]:
-    """How one target forward's time grows with the tokens it verifies (chain k → k + 1, tree n nodes → n + 1)."""
-    rows = [[str(c["width"]), _num(c["ms"], 1), _num(c["relative"], 2, "×")] for c in cost]
+def verify_cost_section(cost: dict) -> list[str]:
+    """How one target forward's time grows with the tokens it verifies, per forward path, beside the memory floor."""
+    paths = cost["paths"]
+    names = list(paths)
+    by_width = {name: {c["width"]: c for c in curve} for name, curve in paths.items()}
+    widths = sorted({w for curve in by_width.values() for w in curve})
+    floor = cost.get("floor_ms")
+    header = ["width"]
+    for name in names:
+        header += [f"{name} ms", f"{name} vs width 1"]
+    header.append("floor ms")
+    rows = []
+    for width in widths:
+        row = [str(width)]
+        for name in names:
+            point = by_width[name].get(width)
+            row += [_num(point["ms"], 1), _num(point["relative"], 2, "×")] if point else ["–", "–"]
+        row.append(_num(floor, 1))
+        rows.append(row)
+    bandwidth = cost.get("bandwidth_gbs")
+    about = (f" Floor: the weights' {cost['weight_bytes'] / 1e6:.0f} MB read at the {bandwidth:.1f} GB/s measured on "
+             "this machine at the start of the run." if bandwidth else "")
     return ["## Target forward cost by verify width", "",
-            "One causal forward over w new tokens on the longest prompt's cached context (median of 5).", "",
-            *_table(["width", "ms", "vs width 1"], rows), ""]
+            "One causal forward over w new tokens on the longest prompt's cached context (median of 5), through "
+            f"each target forward path ({', '.join(names)}) in the same run.{about}", "",
+            *_table(header, rows), ""]
 
 
 def runs_json(suite: SuiteResult) -> list[dict]:

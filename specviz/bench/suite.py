@@ -49,11 +49,12 @@ class SuiteResult:
     wall_s: float
 
 
-def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter]) -> Runner:
-    """The timed call for one row."""
+def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter], reference: Target | None = None) -> Runner:
+    """The timed call for one row; transformers' rows run on ``reference`` (transformers' own forward) when given."""
     if spec.engine == "specviz":
         drafter = drafters[spec.drafter_key] if spec.drafter else None
         return lambda ids, config: run_specviz(target, ids, config, drafter, spec.budget if drafter else None)
+    target = reference or target
     if spec.drafter is None:
         return lambda ids, config: run_hf(target, ids, config)
     if spec.drafter.startswith("model:"):
@@ -82,11 +83,15 @@ def run_suite(
     *,
     chat: bool,
     log: Callable[[str], None] = lambda line: None,
+    reference: Target | None = None,
 ) -> SuiteResult:
-    """Run every configuration on every prompt, interleaved with plain decoding; warm-up runs are not recorded."""
+    """Run every configuration on every prompt, interleaved with plain decoding; warm-up runs are not recorded.
+
+    Plain decoding and specviz's rows run on ``target``; transformers' rows on ``reference`` when given.
+    """
     encoded = [target.encode_prompt(p.text, chat=chat) for p in prompts]  # fails early on a bad prompt
     _check_lengths(target, prompts, encoded, specs, config)
-    runners = {spec.name: make_runner(spec, target, drafters) for spec in specs}
+    runners = {spec.name: make_runner(spec, target, drafters, reference) for spec in specs}
     plain: Runner = lambda ids, cfg: run_specviz(target, ids, cfg)  # noqa: E731
     warm = replace(config, max_new_tokens=min(WARM_UP_TOKENS, config.max_new_tokens))
     for run in (plain, *runners.values()):

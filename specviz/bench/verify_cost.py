@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import torch
+
 from specviz.engine import cache as kv
 from specviz.engine.target import Target
 from specviz.engine.verify import masked_forward, prefill
@@ -33,6 +35,31 @@ def time_forward(model, cache, tokens: list[int], past: int, repeats: int) -> li
         samples.append((time.perf_counter() - started) * 1000)
         kv.crop_to(cache, past)
     return samples
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights one forward reads: every linear layer's weight and bias (tied tensors once)."""
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            for tensor in (module.weight, module.bias):
+                if tensor is not None:
+                    seen[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())
+
+
+def compare_paths(targets: dict[str, Target], context: list[int], widths: list[int],
+                  bandwidth_gbs: float | None, repeats: int = 5) -> dict:
+    """The verify-width curve of each forward path (e.g. ``fast`` and ``hf``) in one run, with the memory floor.
+
+    The floor is the weights' bytes over the memory bandwidth measured on this machine: a forward of up to a few
+    tokens cannot beat it on a CPU, where reading the weights is the work.
+    """
+    curves = {name: measure(target, context, widths, repeats) for name, target in targets.items()}
+    model = next(iter(targets.values())).model
+    size = weight_bytes(model)
+    floor = size / (bandwidth_gbs * 1e9) * 1e3 if bandwidth_gbs else None
+    return {"paths": curves, "weight_bytes": size, "bandwidth_gbs": bandwidth_gbs, "floor_ms": floor}
 
 
 def measure(target: Target, context: list[int], widths: list[int], repeats: int = 5) -> list[dict]:

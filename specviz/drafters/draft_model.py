@@ -19,12 +19,14 @@ Llama-architecture drafts run through ``lean_llama`` (same weights, same logits,
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
 
 from specviz.drafters.lean_llama import lean_forward_for
 from specviz.drafters.quantized import check_draft_quant
+from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.accept import argmax_rows
 from specviz.engine.drafter import DraftBudget, Drafter
@@ -167,6 +169,7 @@ class DraftModelDrafter(Drafter):
             tokens=[nodes[i].token for i in keep],
             parents=[ROOT if nodes[i].parent == ROOT else new_index[nodes[i].parent] for i in keep],
             q_token=[nodes[i].q for i in keep],
+            confidence=[math.exp(nodes[i].score) for i in keep],  # path product of draft probabilities (EAGLE-2)
             q_dist=q_dist,
             sampled=sampled,
         )
@@ -181,13 +184,6 @@ class DraftModelDrafter(Drafter):
         kv.keep_path(self._cache, self._context_length, [self._fed[node] for node in kept])
         self._cached = self._cached[: self._context_length] + [tree.tokens[node] for node in kept]
         self._fed = {}
-
-
-def check_draft_vocab(value) -> int:
-    """``draft_vocab`` must be a non-negative integer (0 = the whole vocabulary)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SpecvizError(f"draft-vocab must be a non-negative integer (0 = the whole vocabulary), got {value!r}")
-    return value
 
 
 def trim_output_layer(model: torch.nn.Module, rows: int) -> torch.nn.Module:
@@ -223,3 +219,46 @@ def _distributions(logits: torch.Tensor, sampling: SamplingConfig, vocab_size: i
         return soft, soft
     q = probabilities(logits, sampling)
     return q, q
+
+
+# ---- the family ----------------------------------------------------------------------------------------------
+def _build(argument: str, target, settings) -> DraftModelDrafter:
+    """Load the draft (registry name, directory or hub id), check it shares the target's tokenizer, wrap it."""
+    from specviz.models import check_same_tokenizer, load_model
+
+    loaded = load_model(argument, role="draft", **({"device": settings["device"]} if settings["device"] else {}))
+    check_same_tokenizer(target, loaded)
+    return DraftModelDrafter(loaded.model, target.vocab_size, name=f"model:{loaded.name}",
+                             stochastic_tree=settings["stochastic_tree"], draft_vocab=settings["draft_vocab"],
+                             draft_quant=settings["draft_quant"])
+
+
+def shipped_drafts(target: str) -> list[str]:
+    """Registry names of the draft models trained for ``target`` whose files are present."""
+    try:
+        from specviz.models import drafts_for
+    except ImportError:  # the models package is optional for replay-only deployments
+        return []
+    names = []
+    for entry in drafts_for(target):
+        try:
+            entry.resolve_path()
+        except SpecvizError:
+            continue  # registered but not trained/shipped yet (or a hub model: nothing on disk)
+        names.append(entry.name)
+    return names
+
+
+FAMILY = register(DrafterFamily(
+    name="model",
+    syntax="model:<name|dir|hub id>",
+    title="draft model",
+    description="an independent small LM with the target's tokenizer drafts a chain or a dynamic tree "
+                "(registry name, model directory or hub id)",
+    build=_build,
+    reads=("stochastic_tree", "min_draft_prob", "draft_vocab", "draft_quant", "device"),
+    argument_required=True,
+    checkpoints=shipped_drafts,
+    trainer="draft-lm",
+    order=20,
+))

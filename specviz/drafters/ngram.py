@@ -10,21 +10,25 @@ from collections import defaultdict
 
 import torch
 
+from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
+
+MAX_NGRAM = 8
+DEFAULT_MAX_NGRAM = 3
 
 
 class NgramDrafter(Drafter):
     """Look up the latest n-gram (longest first) that ends the context; propose what followed it."""
 
     name = "ngram"
-    has_distribution = False
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram <= 8:
-            raise SpecvizError(f"n-gram sizes must satisfy 1 <= min <= max <= 8, got min={min_ngram} max={max_ngram}")
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram <= MAX_NGRAM:
+            raise SpecvizError(f"n-gram sizes must satisfy 1 <= min <= max <= {MAX_NGRAM}, "
+                               f"got min={min_ngram} max={max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._index: dict[tuple[int, ...], list[int]] = defaultdict(list)
         self._indexed = 0
@@ -102,3 +106,33 @@ def _trie(continuations: list[list[int]], max_nodes: int) -> DraftTree:
             tokens.append(seq[level])
             parents.append(parent)
     return DraftTree(tokens=tokens, parents=parents)
+
+
+# ---- the family ----------------------------------------------------------------------------------------------
+def ngram_size(argument: str) -> int:
+    """The maximum n of an ``ngram[:N]`` spec's argument (``""``: the default)."""
+    if not argument:
+        return DEFAULT_MAX_NGRAM
+    if not argument.isdigit() or not 1 <= int(argument) <= MAX_NGRAM:
+        raise SpecvizError(f"ngram takes a maximum n-gram size from 1 to {MAX_NGRAM}, e.g. ngram:3, "
+                           f"got {'ngram:' + argument!r}")
+    return int(argument)
+
+
+def _check(argument: str) -> str:
+    ngram_size(argument)
+    return argument
+
+
+FAMILY = register(DrafterFamily(
+    name="ngram",
+    syntax="ngram[:N]",
+    title="n-gram lookup",
+    description=f"prompt lookup: continue with what followed the latest match of the context's last n tokens "
+                f"(n = N down to 1; N = {DEFAULT_MAX_NGRAM} by default); no model, no draft probabilities",
+    build=lambda argument, target, settings: NgramDrafter(max_ngram=ngram_size(argument)),
+    check=_check,
+    default_spec="ngram",
+    variants=("ngram:2", "ngram:4"),
+    order=10,
+))

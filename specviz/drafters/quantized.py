@@ -27,18 +27,20 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from specviz import settings
 from specviz.errors import SpecvizError
 from specviz.models import fast_forward
 
-DRAFT_QUANT_CHOICES = ("off", "int8")
+DRAFT_QUANT_CHOICES = settings.get("draft_quant").choices
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
 
 def check_draft_quant(value) -> str:
-    """``draft_quant`` is one of ``DRAFT_QUANT_CHOICES`` (``"off"`` keeps the draft's own weights)."""
+    """``draft_quant`` is one of the declared choices (``"off"`` keeps the draft's own weights): the drafter's own
+    guard; users' values are checked where they enter (``specviz.settings``)."""
     if value not in DRAFT_QUANT_CHOICES:
-        raise SpecvizError(f"draft-quant must be one of {', '.join(DRAFT_QUANT_CHOICES)}, got {value!r}")
+        return settings.check("draft_quant", value)  # raises the declaration's one-line message
     return value
 
 

@@ -23,8 +23,6 @@ from specviz.engine import sampling
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 
-LOSSLESS_RULES = {"greedy": True, "target-sampling": True, "rejection-sampling": True}
-
 
 @dataclass
 class Draw:
@@ -49,10 +47,9 @@ class Acceptance:
     rule: str
     draws: list[Draw] = field(default_factory=list)
     residual: torch.Tensor | None = None  # the distribution a correction was drawn from, when it is not p itself
-
-    @property
-    def lossless(self) -> bool:
-        return LOSSLESS_RULES[self.rule]
+    # Every rule here is lossless (see the module docstring); a lossy rule (e.g. typical acceptance) would set False,
+    # and the views and the trace (``Round.lossless``) show it.
+    lossless: bool = True
 
 
 def choose_rule(tree: DraftTree, config: SamplingConfig) -> str:

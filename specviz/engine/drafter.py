@@ -7,11 +7,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specviz.engine.features import TargetFeatures
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import DraftTree
 from specviz.errors import SpecvizError
+from specviz.settings import BY_NAME as _SETTINGS
 
-LIMITS = {"k": (1, 32), "width": (1, 16), "depth": (1, 32), "max_nodes": (1, 256)}
+LIMITS = {name: (_SETTINGS[name].low, _SETTINGS[name].high) for name in ("k", "width", "depth", "max_nodes")}
 
 
 @dataclass(frozen=True)
@@ -58,14 +60,22 @@ class DraftBudget:
 
 
 class Drafter(ABC):
-    """Proposes drafts. One instance serves one generation at a time (it may keep a cache between rounds)."""
+    """Proposes drafts. One instance serves one generation at a time (it may keep a cache between rounds).
+
+    The engine calls ``begin`` once, then per round ``propose`` → (verify, accept) → ``observe`` → ``commit``.
+    """
 
     name: str = "drafter"
-    #: False when the drafter has no probabilities (its proposals are point masses).
-    has_distribution: bool = True
+    #: Target hidden states this drafter reads, as Hugging Face ``hidden_states`` indices (0 = embedding output,
+    #: i = output of decoder layer i - 1, L = after the final norm); empty: none, and none are captured.
+    feature_layers: tuple[int, ...] = ()
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Called once before the first round with the prompt's token ids."""
+
+    def observe(self, features: TargetFeatures) -> None:
+        """The target's hidden states (``feature_layers``) at newly committed positions: after the prefill (the
+        prompt minus its last token), then after each round (the verified pending token and the accepted path)."""
 
     @abstractmethod
     def propose(

@@ -15,7 +15,9 @@ import torch
 from specviz.engine import cache as kv
 from specviz.engine.accept import Acceptance, accept
 from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.round import Round, TokenChoice
+from specviz.engine.features import capture, check_layers, rows
+from specviz.engine.record import build_round
+from specviz.engine.round import Round
 from specviz.engine.sampling import SamplingConfig, make_generator, probabilities
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
@@ -60,6 +62,21 @@ class Clock:
         return time.perf_counter()
 
 
+@dataclass
+class Step:
+    """What one round computed (the input of its view record) and where its time went, in seconds."""
+
+    tree: DraftTree
+    logits: torch.Tensor
+    p_target: torch.Tensor | None
+    acceptance: Acceptance
+    committed: list[int]
+    finished: bool
+    draft_s: float
+    verify_s: float
+    other_s: float
+
+
 class Generation:
     """One generation. Iterate it for ``Round`` records; afterwards read ``new_tokens``, ``elapsed_s`` and friends."""
 
@@ -94,6 +111,10 @@ class Generation:
         self.stop_reason = ""
         self._clock = Clock(target.device)
         self._generator = make_generator(config.seed)
+        self._eos = target.eos_ids if config.stop_at_eos else set()
+        self._layers = tuple(drafter.feature_layers) if drafter is not None else ()
+        if self._layers:
+            check_layers(target.model, self._layers)
 
     @property
     def token_ids(self) -> list[int]:
@@ -114,119 +135,68 @@ class Generation:
 
     def __iter__(self) -> Iterator[Round]:
         clock, config = self._clock, self.config
-        model, eos = self.target.model, self.target.eos_ids if config.stop_at_eos else set()
         start = clock()
-        prefill(model, self.cache, self.prompt_ids[:-1])
-        if self.drafter is not None:
-            self.drafter.begin(self.prompt_ids)
+        self._prefill()
         self.prefill_ms = (clock() - start) * 1e3
         self.elapsed_s = self.prefill_ms / 1e3
         context = list(self.prompt_ids)
         while len(self.new_tokens) < config.max_new_tokens:
-            remaining = config.max_new_tokens - len(self.new_tokens)
+            step = self._round(context)
             t0 = clock()
-            if self.drafter is None:
-                tree = DraftTree.empty()
-            else:
-                tree = self.drafter.propose(context, self.budget.capped(remaining), config.sampling, self._generator)
-                tree.validate_against_vocab(self.target.vocab_size)
-            t1 = clock()
-            logits = forward_tree(model, self.cache, tree, context[-1], len(context) - 1)
-            t2 = clock()
-            p_target = None if config.sampling.greedy else probabilities(logits, config.sampling)
-            acceptance = accept(tree, logits, config.sampling, self._generator, p_target)
-            kv.keep_path(self.cache, len(context), acceptance.path)
-            committed = [tree.tokens[i] for i in acceptance.path] + [acceptance.extra_token]
-            committed, finished = _truncate(committed, remaining, eos)
-            context.extend(committed)
-            self.new_tokens.extend(committed)
-            t3 = clock()
-            if self.drafter is not None:
-                self.drafter.commit(context, tree, acceptance.path)
-            t4 = clock()
-            record = self._record(tree, logits, p_target, acceptance, committed, finished)
-            t5 = clock()
-            record.draft_ms = (t1 - t0 + t4 - t3) * 1e3
-            record.verify_ms = (t2 - t1) * 1e3
-            record.other_ms = (t3 - t2 + t5 - t4) * 1e3
-            self.elapsed_s += (t5 - t0)
+            record = build_round(self.target, config, step.tree, step.logits, step.p_target, step.acceptance,
+                                 step.committed, step.finished, index=len(self.rounds),
+                                 start=len(self.new_tokens) - len(step.committed))
+            other_s = step.other_s + clock() - t0
+            record.draft_ms, record.verify_ms, record.other_ms = step.draft_s * 1e3, step.verify_s * 1e3, other_s * 1e3
+            self.elapsed_s += step.draft_s + step.verify_s + other_s
             self.rounds.append(record)
-            if finished:
-                self.stop_reason = "eos" if committed and committed[-1] in eos else "max_new_tokens"
-                yield record
-                return
             yield record
+            if step.finished:
+                self.stop_reason = "eos" if step.committed and step.committed[-1] in self._eos else "max_new_tokens"
+                return
         self.stop_reason = "max_new_tokens"
 
-    def _record(
-        self,
-        tree: DraftTree,
-        logits: torch.Tensor,
-        p_target: torch.Tensor | None,
-        acceptance: Acceptance,
-        committed: list[int],
-        finished: bool,
-    ) -> Round:
-        """Build the round's plain-data record (the detail views need, skipped for the lean baseline)."""
-        target, config = self.target, self.config
-        n = len(tree)
-        display = None
-        if p_target is not None:
-            display = p_target
-        elif n or config.detail:  # greedy: show the untempered softmax (the processed one is one-hot)
-            display = logits.float().softmax(-1)  # one pass; log_softmax + exp costs 4x as much on CPU
-        p_nodes = []
-        if n:
-            rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=logits.device)
-            token_index = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
-            p_nodes = display[rows, token_index].tolist()
-        target_top, draft_top, entropy, residual_top = [], None, [], None
-        if config.detail:
-            target_top = self._top(display)
-            entropy = (-(display * display.clamp_min(1e-30).log()).sum(-1)).tolist()
-            if tree.q_dist is not None:
-                draft_top = self._top(tree.q_dist.float())
-            if acceptance.residual is not None:
-                residual_top = self._top(acceptance.residual[None])[0]
-        return Round(
-            index=len(self.rounds),
-            start=len(self.new_tokens) - len(committed),
-            tokens=list(tree.tokens),
-            parents=list(tree.parents),
-            text=target.pieces(tree.tokens) if config.detail else [],
-            q_draft=None if tree.q_token is None else [float(q) for q in tree.q_token],
-            confidence=None if tree.confidence is None else [float(c) for c in tree.confidence],
-            sampled=tree.sampled,
-            p_target=p_nodes,
-            target_top=target_top,
-            draft_top=draft_top,
-            target_entropy=entropy,
-            accepted=list(acceptance.path),
-            extra_token=acceptance.extra_token,
-            extra_text=target.piece(acceptance.extra_token) if config.detail else "",
-            extra_kind=acceptance.extra_kind,
-            committed=committed,
-            committed_text=target.pieces(committed) if config.detail else [],
-            draws=[d.to_dict() for d in acceptance.draws],
-            residual_top=residual_top,
-            rule=acceptance.rule,
-            lossless=acceptance.lossless,
-            draft_ms=0.0,
-            verify_ms=0.0,
-            other_ms=0.0,
-            finished=finished,
-            meta=dict(tree.meta),
-        )
+    def _prefill(self) -> None:
+        """Cache the prompt minus its last token; hand a drafter that reads target features their rows."""
+        model, layers = self.target.model, self._layers
+        with capture(model, layers) as found:
+            prefill(model, self.cache, self.prompt_ids[:-1])
+        if self.drafter is not None:
+            self.drafter.begin(self.prompt_ids)
+            if layers and len(self.prompt_ids) > 1:
+                self.drafter.observe(rows(found, layers, 0, list(range(len(self.prompt_ids) - 1))))
 
-    def _top(self, probs: torch.Tensor) -> list[list[TokenChoice]]:
-        k = min(self.config.top_k_report, probs.shape[-1])
-        if k == 0:
-            return [[] for _ in range(probs.shape[0])]
-        values, ids = torch.topk(probs, k, dim=-1)
-        return [
-            [TokenChoice(id=i, p=round(p, 6), text=self.target.piece(i)) for i, p in zip(id_row, p_row)]
-            for id_row, p_row in zip(ids.tolist(), values.tolist())
-        ]
+    def _round(self, context: list[int]) -> Step:
+        """propose → verify → accept → commit: one target forward; ``context`` grows by the committed tokens."""
+        clock, config, drafter, layers = self._clock, self.config, self.drafter, self._layers
+        remaining = config.max_new_tokens - len(self.new_tokens)
+        t0 = clock()
+        if drafter is None:
+            tree = DraftTree.empty()
+        else:
+            tree = drafter.propose(context, self.budget.capped(remaining), config.sampling, self._generator)
+            tree.validate_against_vocab(self.target.vocab_size)
+        t1 = clock()
+        with capture(self.target.model, layers) as found:
+            logits = forward_tree(self.target.model, self.cache, tree, context[-1], len(context) - 1)
+        t2 = clock()
+        p_target = None if config.sampling.greedy else probabilities(logits, config.sampling)
+        acceptance = accept(tree, logits, config.sampling, self._generator, p_target)
+        kv.keep_path(self.cache, len(context), acceptance.path)
+        committed, finished = _truncate([tree.tokens[i] for i in acceptance.path] + [acceptance.extra_token],
+                                        remaining, self._eos)
+        pending = len(context) - 1  # the position of the token verified as row 0
+        context.extend(committed)
+        self.new_tokens.extend(committed)
+        t3 = clock()
+        if drafter is not None:
+            if layers:  # the pending token's row, then the accepted nodes that were committed (EOS may cut them)
+                path = acceptance.path[: len(committed)]
+                drafter.observe(rows(found, layers, pending, [0, *(i + 1 for i in path)]))
+            drafter.commit(context, tree, acceptance.path)
+        t4 = clock()
+        return Step(tree, logits, p_target, acceptance, committed, finished,
+                    draft_s=t1 - t0 + t4 - t3, verify_s=t2 - t1, other_s=t3 - t2)
 
 
 def _truncate(tokens: list[int], remaining: int, eos: set[int]) -> tuple[list[int], bool]:

@@ -54,10 +54,6 @@ class Round:
         return len(self.tokens) + 1
 
     @property
-    def accepted_count(self) -> int:
-        return len(self.accepted)
-
-    @property
     def total_ms(self) -> float:
         return self.draft_ms + self.verify_ms + self.other_ms
 

@@ -5,15 +5,15 @@ A 7B model on a 24 GB laptop should be a one-line error, not an OOM kill minutes
 
 from __future__ import annotations
 
-import json
+import math
 import os
-import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from specviz.errors import SpecvizError
+from specviz.models.safetensors_check import tensor_shapes
 
 MEMORY_LIMIT_ENV = "SPECVIZ_MAX_MEMORY_GB"
 #: Activations, KV cache and allocator slack on top of the weights.
@@ -36,19 +36,7 @@ def params_from_config(config) -> int:
 
 def safetensors_numel(files: Iterable[Path]) -> int:
     """Number of elements stored in safetensors files, read from their headers only."""
-    total = 0
-    for file in files:
-        with open(file, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        for key, info in header.items():
-            if key == "__metadata__":
-                continue
-            count = 1
-            for dim in info["shape"]:
-                count *= dim
-            total += count
-    return total
+    return sum(math.prod(shape) for file in files for shape in tensor_shapes(file).values())
 
 
 def available_bytes(device: str) -> int:

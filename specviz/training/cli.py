@@ -1,7 +1,8 @@
 """``specviz train <kind> --target T --data PATH... --out DIR``: build shared target features, train, evaluate, export.
 
 Wire-up for the main CLI: ``add_train_subparser(subparsers)`` adds the ``train`` command and ``run_train(args)``
-runs it; ``main(argv)`` is the standalone entry point (``python -m specviz.training.cli draft-lm ...``).
+runs it; ``main(argv)`` is the standalone entry point (``python -m specviz.training.cli draft-lm ...``). The
+arguments are declared in ``specviz.training.arguments`` (``export`` re-parses recorded command lines with them).
 """
 
 from __future__ import annotations
@@ -16,73 +17,17 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError
-from specviz.models.registry import REPO_ROOT
+from specviz.training.arguments import DESCRIPTION, add_train_arguments, build_parser
 from specviz.training.data import DataPlan, build_data
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
-from specviz.training.trainers import TRAINERS, TrainConfig, fit, get_trainer
-
-DEFAULT_CACHE = REPO_ROOT / ".cache" / "specviz"
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of the train command (shared by the subcommand and the standalone parser)."""
-    parser.add_argument("kind", help=f"drafter family: {', '.join(TRAINERS)}")
-    parser.add_argument("--target", default="smollm2-135m",
-                        help="target model: registry name, directory, .gguf or hub id")
-    parser.add_argument("--data", nargs="+", required=True,
-                        help="training text: files, folders, globs, or 'stdlib' (the Python standard library)")
-    parser.add_argument("--out", required=True, type=Path, help="run folder: checkpoints, metrics, final model")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
-    parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps")
-    parser.add_argument("--prompts", type=int, default=1200, help="self-distillation prompts the target answers")
-    parser.add_argument("--extra-prompts", type=int, default=0,
-                        help="more training-only prompts, appended so the held-out split stays the same")
-    parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
-    parser.add_argument("--prompt-file", nargs="+", default=[], type=str,
-                        help="Spec-Bench-style question.jsonl files whose first turns the target also answers")
-    parser.add_argument("--prompt-file-holdout", type=int, default=2,
-                        help="first N prompts per category of each prompt file kept out of training and used for "
-                             "held-out metrics (specviz bench --limit-per-category N evaluates exactly those)")
-    parser.add_argument("--sampled-answers", type=int, default=0,
-                        help="extra sampled (not greedy) target answers per prompt-file training prompt")
-    parser.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of those sampled answers")
-    parser.add_argument("--prompt-file-repeat", type=int, default=1,
-                        help="repeat the prompt-file answers N times in the training mix (a mixture weight)")
-    parser.add_argument("--gen-tokens", type=int, default=144, help="max answer length when self-distilling")
-    parser.add_argument("--gen-batch", type=int, default=16, help="batch size of the target's answer generation")
-    parser.add_argument("--corpus-tokens", type=int, default=100_000, help="corpus tokens annotated with target top-k")
-    parser.add_argument("--stdlib-files", type=int, default=400, help="how many stdlib .py files 'stdlib' samples")
-    parser.add_argument("--topk", type=int, default=8, help="target probabilities kept per position")
-    parser.add_argument("--hidden", type=int, default=None, help="student hidden size (trainer default if unset)")
-    parser.add_argument("--layers", type=int, default=None, help="student decoder layers")
-    parser.add_argument("--init-layers", default=None,
-                        help="draft-lm: start from these target decoder layers, e.g. 0,1,2,3 (the student takes the "
-                             "target's shape and shares its embedding and output layer, which are not shipped)")
-    parser.add_argument("--autocast", choices=["bf16"], default=None,
-                        help="mixed precision for the training forward/backward (fp32 weights; bf16 matmuls are "
-                             "several times faster on CPUs with AMX and on GPUs)")
-    parser.add_argument("--softmax-sample", type=int, default=0,
-                        help="draft-lm: score the target's top-k + N random tokens instead of the full vocabulary "
-                             "(sampled softmax; 0 = full softmax)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="feature cache (git-ignored)")
-    parser.add_argument("--export", type=Path, default=None, help="also write fp16 weights + model card here")
-    parser.add_argument("--name", default=None, help="model name used in the model card")
+from specviz.training.trainers import TrainConfig, fit, get_trainer
 
 
 def add_train_subparser(subparsers) -> argparse.ArgumentParser:
     """Register ``train`` on the main CLI's subparsers; its handler is ``run_train``."""
     parser = subparsers.add_parser("train", help="train a drafter for a target (distillation from the target)",
-                                   description=__doc__)
+                                   description=DESCRIPTION)
     add_train_arguments(parser)
     parser.set_defaults(func=run_train)
     return parser
@@ -118,7 +63,7 @@ def train(args: argparse.Namespace) -> dict:
     target = load_model(args.target, device=args.device)
     log(f"target {target.name} ({target.source}) on {target.device} loaded in {target.load_seconds:.1f}s")
     options = {"hidden": args.hidden, "layers": args.layers, "topk": args.topk, "softmax_sample": args.softmax_sample,
-               "init_layers": args.init_layers}
+               "init_layers": args.init_layers, "target_name": args.target}
     trainer = trainer_cls(target, options)
     request = trainer.features()
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
@@ -129,11 +74,12 @@ def train(args: argparse.Namespace) -> dict:
                     prompt_file_holdout=args.prompt_file_holdout, sampled_answers=args.sampled_answers,
                     sample_temperature=args.sample_temperature, prompt_file_repeat=args.prompt_file_repeat)
     _check_plan(plan)
-    data = build_data(target, plan, args.cache_dir, log)
+    data = build_data(_inference_view(target), plan, args.cache_dir, log)
     train_set, heldout = data.train, data.heldout
     data_seconds = time.perf_counter() - started
     log(f"data ready in {data_seconds:.0f}s: {train_set.num_sequences} train sequences "
         f"({int(train_set.loss_mask.sum())} trained positions), {heldout.num_sequences} held-out answers")
+    trainer.prepare(train_set)
     torch.manual_seed(args.seed)
     student = trainer.build_student()
     config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
@@ -147,7 +93,7 @@ def train(args: argparse.Namespace) -> dict:
     train_started = time.perf_counter()
     result = fit(trainer, student, train_set, config, out, log=log)
     train_seconds = time.perf_counter() - train_started
-    predict = lambda ids: trainer.predict_argmax(student, ids)  # noqa: E731
+    predict = lambda ids, hidden: trainer.predict_argmax(student, ids, hidden)  # noqa: E731
     metrics = evaluate_agreement(predict, heldout)
     file_metrics = evaluate_agreement(predict, data.heldout_files) if data.heldout_files is not None else None
     final = out / "final"
@@ -162,7 +108,7 @@ def train(args: argparse.Namespace) -> dict:
         "data_seconds": data_seconds, "train_seconds": train_seconds,
         "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
         "heldout": metrics, "heldout_prompt_files": file_metrics,
-        "command": command, "student_config": student.config.to_dict(), "history": history,
+        "command": command, "student_config": trainer.describe_student(student), "history": history,
     }
     previous = out / "metrics.json"
     if args.resume and previous.is_file():  # a resumed run is reproduced by the chain of commands that made it
@@ -182,6 +128,20 @@ def train(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _inference_view(target):
+    """The target for the data stages (answers, top-k, hidden states): the fast forward path where it runs.
+
+    Students borrow tensors from ``target.model`` itself, which stays transformers' own module for autograd.
+    """
+    from dataclasses import replace
+
+    from specviz.models import fast_forward
+
+    if fast_forward.available(target.device, target.dtype):
+        return replace(target, model=target.fast_model())
+    return target
+
+
 def _check_plan(plan: DataPlan) -> None:
     """Out-of-range data options are one-line errors before the slow data stages start."""
     if plan.sampled_answers < 0 or plan.prompt_file_repeat < 1 or plan.prompt_file_holdout < 0:
@@ -192,12 +152,6 @@ def _check_plan(plan: DataPlan) -> None:
     for path in plan.prompt_files:
         if not Path(path).is_file():
             raise SpecvizError(f"prompt file {path} does not exist")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specviz train", description=__doc__)
-    add_train_arguments(parser)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,11 @@ def chain_tau(matches: list[bool], k: int) -> float:
 
 @torch.no_grad()
 def evaluate_agreement(predict_argmax, heldout: FeatureSet, *, ks: tuple[int, ...] = (3, 4, 5, 6)) -> dict:
-    """Agreement metrics for ``predict_argmax(ids [1, T]) -> argmax [T]`` over each held-out sequence's answer."""
+    """Agreement metrics for ``predict_argmax(ids [1, T], hidden) -> argmax [T]`` over each held-out answer.
+
+    ``hidden`` is ``{layer: [1, T, H]}``, the target's cached hidden states of the sequence (empty when none were
+    cached); drafters that read target features predict from them.
+    """
     agree = total = 0
     taus = {k: [] for k in ks}
     per_category: dict[str, list[int]] = {}
@@ -42,7 +46,7 @@ def evaluate_agreement(predict_argmax, heldout: FeatureSet, *, ks: tuple[int, ..
         if not mask.any():
             continue
         ids = heldout.input_ids[span]
-        draft = predict_argmax(ids[None])
+        draft = predict_argmax(ids[None], {layer: h[span][None] for layer, h in heldout.hidden.items()})
         target = heldout.topk_ids[span][:, 0]
         matches = (draft[mask] == target[mask]).tolist()
         agree += sum(matches)

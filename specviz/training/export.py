@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specviz.models.shared_embedding import strip_shared
+from specviz.training.arguments import build_parser
 
 
 def export_model(source: Path, dest: Path, *, dtype: torch.dtype = torch.float16) -> int:
@@ -38,8 +39,6 @@ def export_model(source: Path, dest: Path, *, dtype: torch.dtype = torch.float16
 
 def _run_arguments(command: str) -> argparse.Namespace:
     """The training arguments, recovered from the recorded command line."""
-    from specviz.training.cli import build_parser
-
     words = shlex.split(command)
     words = words[words.index("train") + 1:] if "train" in words else words
     return build_parser().parse_args(words)

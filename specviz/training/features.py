@@ -122,10 +122,6 @@ def cache_key(*parts: object) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def feature_root(cache_dir: Path) -> Path:
-    return cache_dir / "features"
-
-
 @torch.no_grad()
 def extract_features(model, sequences: list[list[int]], *, topk: int = 8, layers: tuple[int, ...] = (),
                      loss_masks: list[list[bool]] | None = None, categories: list[str] | None = None,

@@ -136,10 +136,9 @@ def serve(port: int, log_path: Path | None = None, timeout: float = 120.0) -> su
 
 
 def _args(request: runner.RunRequest) -> list:
-    return [request.prompt, "chat" if request.chat else "raw", request.target, request.drafter,
-            "tree" if request.tree else "chain", request.k, request.width, request.depth, request.max_nodes,
-            request.temperature, request.top_p, request.seed, request.max_new_tokens, request.stochastic_tree,
-            request.min_draft_prob, request.draft_vocab, request.draft_quant]
+    from specviz.ui import settings
+
+    return settings.values_for(request)
 
 
 def streamed_client(client, request: runner.RunRequest) -> tuple[float, float, int, int]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specviz.errors import SpecvizError
+from specviz.settings import default
 from specviz.ui import runner, settings, streaming, zerogpu
 from specviz.ui.state import Session, apply, one_line
 from specviz.ui.views import RunView
@@ -95,8 +96,9 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
             state.record = record
             events = runner.stream(request)
             state.stepper, state.step_request = events, request
-            loading = (f"Loading {request.target}, then calibrating plain decoding…"
-                       if not runner.is_loaded(request.target) else "Preparing the first round…")
+            first = not runner.is_loaded(request.target, request.target_forward)
+            loading = f"Loading {request.target}, then calibrating plain decoding…" if first else \
+                "Preparing the first round…"
             yield view.render(record, status=loading, running=True)
             if zerogpu.on_zero_gpu():  # a ZeroGPU worker cannot be held between clicks: run once, reveal per Step
                 state.stepper = iter(_buffered(events))
@@ -178,9 +180,8 @@ def _recorded_settings(record: RunRecord) -> dict:
     """Prompt and sampling exactly as the record ran them (the panel may have changed since)."""
     config = record.header.get("config") or {}
     prompt = (record.header.get("prompt") or {}).get("text")
-    out = {"max_new_tokens": int(config.get("max_new_tokens", 64)), "seed": config.get("seed") or 0,
-           "temperature": float(config.get("temperature", 0.0)), "top_p": float(config.get("top_p", 1.0)),
-           "chat": bool(config.get("chat", True)), "target": record.target_name}
+    out = {name: config.get(name, default(name)) for name in ("max_new_tokens", "temperature", "top_p", "top_k")}
+    out.update(seed=config.get("seed") or 0, chat=bool(config.get("chat", True)), target=record.target_name)
     if prompt:
         out["prompt"] = prompt
     return out

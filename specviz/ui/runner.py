@@ -10,81 +10,77 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 
-from specviz import api
-from specviz.drafters.draft_model import check_draft_vocab
-from specviz.drafters.quantized import check_draft_quant
+from specviz import api, settings
+from specviz.drafters import registry
 from specviz.engine.round import Round
 from specviz.errors import SpecvizError
 from specviz.ui import zerogpu
 
 CALIBRATION_TOKENS = 32
-MAX_NEW_TOKENS_UI = 512
+#: The UI's cap on new tokens (a shared server): the declaration's UI range for max_new_tokens.
+MAX_NEW_TOKENS_UI = settings.get("max_new_tokens").ui_high
 
 _PRELOADED: dict[str, api.Target] = {}
-_LOADED: set[str] = set()
+_LOADED: set[tuple[str, str]] = set()
 _CALIBRATION: dict[tuple, dict] = {}
 _LOCK = threading.Lock()
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """Every setting of one run, validated before any model loads. Plain data so it can cross processes."""
+class _Request:
+    """Every setting of one run, checked before any model loads. Plain data so it can cross processes.
 
-    prompt: str
-    chat: bool = True
-    target: str = "smollm2-135m"
-    drafter: str = "ngram"
-    tree: bool = False
-    k: int = 4
-    width: int = 3
-    depth: int = 4
-    max_nodes: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    max_new_tokens: int = 64
-    stochastic_tree: bool = False
-    min_draft_prob: float = 0.0
-    draft_vocab: int = 0  # draft models: first N token ids only (0 = all)
-    draft_quant: str = "off"  # draft models: "int8" = int8/fp16 draft weights on CPU
+    The fields are the prompt, the drafter spec and every declared run setting (``specviz.settings``), with the
+    declared defaults; ``validate`` checks them once (with the UI's ranges) and keeps the checked values.
+    """
+
+    def values(self) -> settings.Values:
+        """The run settings, checked (once per request)."""
+        return self.validate().__dict__["_checked"]
 
     def budget(self) -> api.DraftBudget:
-        return api.DraftBudget(tree=self.tree, k=self.k, width=self.width, depth=self.depth, max_nodes=self.max_nodes,
-                               min_draft_prob=self.min_draft_prob)
+        return api.budget_for(self.values())
 
     def config(self) -> api.GenerationConfig:
-        sampling = api.SamplingConfig(temperature=self.temperature, top_p=self.top_p)
-        return api.GenerationConfig(max_new_tokens=self.max_new_tokens, sampling=sampling, seed=self.seed)
+        return api.config_for(self.values())
 
-    def validate(self) -> RunRequest:
-        """Raise ``SpecvizError`` for anything wrong that does not need a model to know."""
+    def validate(self):
+        """This request with its settings checked (converted to their declared types where needed); a one-line
+        ``SpecvizError`` for anything wrong that does not need a model to know."""
+        if "_checked" in self.__dict__:
+            return self
         if not self.prompt or not self.prompt.strip():
             raise SpecvizError("the prompt is empty")
         if not self.target or not self.target.strip():
             raise SpecvizError("choose a target model")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_UI:
-            raise SpecvizError(f"max new tokens must be in [1, {MAX_NEW_TOKENS_UI}] here, got {self.max_new_tokens}")
-        kind, _, argument = (self.drafter or "").strip().partition(":")
-        if kind not in {"ngram", "model"} or (kind == "model" and not argument):
-            raise SpecvizError(f"unknown drafter {self.drafter!r}; use ngram, ngram:N or model:<name|dir|hub id>")
-        if kind == "ngram" and argument and not argument.isdigit():
-            raise SpecvizError(f"ngram takes a maximum n-gram size, e.g. ngram:3, got {self.drafter!r}")
-        self.budget()
-        check_draft_vocab(self.draft_vocab)
-        check_draft_quant(self.draft_quant)
-        self.config()
-        return self
+        registry.parse(self.drafter)
+        checked = settings.validate({s.name: getattr(self, s.name) for s in settings.SETTINGS}, ui=True)
+        # the checked values in their declared types (a slider's 4.0 is k = 4)
+        changed = {name: value for name, value in checked.items()
+                   if type(getattr(self, name)) is not type(value) or getattr(self, name) != value}
+        result = replace(self, **changed) if changed else self
+        for request in {id(self): self, id(result): result}.values():
+            object.__setattr__(request, "_checked", checked)
+        return result
 
     def calibration_key(self, device: str, prompt_tokens: int) -> tuple:
-        """Target, device, sampling and the prompt length rounded up to a power of two (per-token cost grows
-        with the context, so a 40-token prompt must not be compared against a 450-token calibration)."""
+        """Target, its forward, device, sampling and the prompt length rounded up to a power of two (per-token
+        cost grows with the context, so a 40-token prompt must not be compared against a 450-token calibration)."""
         bucket = 1 << max(5, (max(prompt_tokens, 1) - 1).bit_length())
-        return (self.target, device, self.temperature, self.top_p, bucket)
+        return (self.target, self.target_forward, device, self.temperature, self.top_p, self.top_k, bucket)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+RunRequest = make_dataclass(
+    "RunRequest",
+    [("prompt", str), ("drafter", str, field(default=registry.DEFAULT_SPEC)),
+     *[(s.name, s.type | None if s.optional else s.type, field(default=s.default)) for s in settings.SETTINGS]],
+    bases=(_Request,), frozen=True,
+)
+RunRequest.__module__, RunRequest.__doc__ = __name__, _Request.__doc__  # picklable as specviz.ui.runner.RunRequest
 
 
 # ---- events (plain data) ---------------------------------------------------------------------------------------
@@ -125,36 +121,30 @@ def preload(name: str, target: api.Target) -> None:
     _PRELOADED[name] = target
 
 
-def is_loaded(spec: str) -> bool:
-    return spec in _PRELOADED or spec in _LOADED
+def is_loaded(spec: str, target_forward: str = settings.default("target_forward")) -> bool:
+    return spec in _PRELOADED or (spec, target_forward) in _LOADED
 
 
-def load_target(spec: str) -> tuple[api.Target, float, bool]:
+def load_target(spec: str, target_forward: str = settings.default("target_forward")) -> tuple[api.Target, float, bool]:
     """The target for ``spec`` (cached by ``specviz.models``), the seconds it took, and whether it was a first load."""
     spec = spec.strip()
     if spec in _PRELOADED:
         return _PRELOADED[spec], 0.0, False
-    first = spec not in _LOADED
+    first = (spec, target_forward) not in _LOADED
     start = time.perf_counter()
-    target = api.load_target(spec)
-    _LOADED.add(spec)
+    target = api.load_target(spec, target_forward=target_forward)
+    _LOADED.add((spec, target_forward))
     return target, time.perf_counter() - start, first
 
 
 def drafter_choices(target: str) -> list[str]:
-    """Every drafter family this project offers for ``target``: n-gram always, shipped draft models when present."""
-    choices = ["ngram", "ngram:2", "ngram:4"]
-    try:
-        from specviz.models import drafts_for
-    except ImportError:  # the models package is optional for replay-only deployments
-        return choices
-    for entry in drafts_for(target):
-        try:
-            entry.resolve_path() if entry.kind != "hub" else None
-        except SpecvizError:
-            continue  # registered but not shipped yet
-        choices.append(f"model:{entry.name}")
-    return choices
+    """Every drafter spec offered for ``target`` (registry order): each family's default, variants, checkpoints."""
+    return [spec for _, specs in registry.menu(target) for spec in specs]
+
+
+def drafter_menu(target: str) -> list[tuple[str, str]]:
+    """(label, spec) for the drafter dropdown, grouped by family: the label names the family."""
+    return [(f"{title}: {spec}", spec) for title, specs in registry.menu(target) for spec in specs]
 
 
 def target_choices() -> list[str]:
@@ -197,10 +187,9 @@ def calibrate(target: api.Target, prompt_ids: list[int], request: RunRequest, de
 @zerogpu.gpu
 def stream(request: RunRequest) -> Iterator[object]:
     """Load, (calibrate,) then run speculative decoding, yielding one event per step. Errors: ``SpecvizError``."""
-    request.validate()
-    target, load_s, first = load_target(request.target)
-    drafter = api.make_drafter(request.drafter, target, stochastic_tree=request.stochastic_tree,
-                               draft_vocab=request.draft_vocab, draft_quant=request.draft_quant)
+    values = request.values()
+    target, load_s, first = load_target(request.target, request.target_forward)
+    drafter = api.make_drafter(request.drafter, target, values)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     run = api.start(target, prompt_ids, drafter, request.budget(), request.config())
     device = str(target.device)
@@ -222,7 +211,7 @@ def stream(request: RunRequest) -> Iterator[object]:
 def plain_run(request: RunRequest) -> dict:
     """Plain decoding of the same prompt with the same settings: the full side-by-side baseline."""
     request.validate()
-    target, _, _ = load_target(request.target)
+    target, _, _ = load_target(request.target, request.target_forward)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     api.plain_decode(target, prompt_ids[-16:], api.GenerationConfig(max_new_tokens=2))  # warm-up
     run = api.plain_decode(target, prompt_ids, request.config())

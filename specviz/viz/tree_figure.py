@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from specviz.engine.round import Round
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
-from specviz.viz.text import fmt_prob, label, visible
+from specviz.viz.text import fmt_prob, label
 from specviz.viz.text import plot_escape as escape
 
 ROOT, EXTRA = "root", "extra"
@@ -202,10 +202,3 @@ def empty_spec(message: str) -> dict:
                   annotations=[dict(text=escape(message), x=0.5, y=0.5, xref="paper", yref="paper",
                                     showarrow=False, font=dict(size=14, color="#777777"))])
     return dict(data=[], layout=layout)
-
-
-def node_label(round_: Round, node: int | str) -> str:
-    """Plain (unescaped, whitespace-visible) text naming a node, for dropdowns."""
-    if node == EXTRA:
-        return f"{round_.extra_kind}: {visible(round_.extra_text)}"
-    return f"node {node}: {visible(round_.text[node]) if node < len(round_.text) else round_.tokens[node]}"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from specviz.errors import SpecvizError
 from specviz.training.trainers.base import FeatureRequest, TrainConfig, Trainer, fit
 from specviz.training.trainers.draft_lm import DraftLMTrainer
+from specviz.training.trainers.eagle import Eagle3Trainer, EagleTrainer
 
-TRAINERS: dict[str, type[Trainer]] = {DraftLMTrainer.kind: DraftLMTrainer}
+TRAINERS: dict[str, type[Trainer]] = {cls.kind: cls for cls in (DraftLMTrainer, EagleTrainer, Eagle3Trainer)}
 
 
 def get_trainer(kind: str) -> type[Trainer]:

@@ -64,6 +64,13 @@ class Trainer(ABC):
         """Target features this family trains on."""
         return FeatureRequest()
 
+    def prepare(self, train: FeatureSet) -> None:
+        """Look at the training data before the student is built (e.g. to choose a draft vocabulary)."""
+
+    def describe_student(self, student: torch.nn.Module) -> dict:
+        """The student's architecture, for metrics.json and the model card."""
+        return student.config.to_dict()
+
     @abstractmethod
     def build_student(self) -> torch.nn.Module:
         """A freshly initialised student (trainable)."""

@@ -1,0 +1,653 @@
+"""EAGLE heads (EAGLE-1, EAGLE-3) drafting from the target's own hidden states, with EAGLE-2's dynamic tree.
+
+A head is one Llama-shaped decoder layer that borrows the target's embedding and output layer (passed in, never
+copied into the head's weights or files):
+
+- **EAGLE-1** (``kind="eagle"``, Li et al. 2024): ``h = fc(cat(emb(x[t+1]), f[t]))`` with f the target's last
+  normed hidden state ``hidden_states[L]``; a decoder layer whose input norm is absent; logits = the target's
+  output layer on ``h`` directly (the head regresses a normed feature, so EAGLE applies no norm here).
+- **EAGLE-3** (``kind="eagle3"``, Li et al. 2025): ``h = fc(cat(hidden_states[2], [L//2], [L-3]))`` (low -> mid
+  -> high, Hugging Face numbering); the layer's attention reads ``cat(input_layernorm(emb), hidden_norm(h))``, its
+  residual is ``h``; then its own final ``norm`` and an output layer over a reduced draft vocabulary
+  (``target id = draft id + d2t[draft id]``), for our heads the target's output rows at those ids.
+
+Both pair the target feature of committed position t with the next token x[t+1] (EAGLE's ``input_ids[:, 1:]``)
+and predict x[t+2]; deeper draft steps feed the head's own output as the feature. The drafter keeps the head's KV
+cache in step with the committed text: each committed position's pair is fed exactly once, with the target's real
+feature, and the draft nodes' entries (fed with the head's own outputs) are dropped after every round, as EAGLE's
+``stable_kv``. Tokens outside the draft vocabulary get q = 0, so verification stays lossless.
+
+Heads load from our own folder or from published layouts (``specviz.drafters.eagle_layouts``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache
+
+from specviz.drafters import dynamic_tree
+from specviz.drafters import eagle_layouts as layouts
+from specviz.drafters.eagle_layouts import HeadSpec, TargetShape
+from specviz.drafters.registry import DrafterFamily, register
+from specviz.engine import cache as kv
+from specviz.engine.drafter import DraftBudget, Drafter
+from specviz.engine.features import TargetFeatures
+from specviz.engine.loop import MAX_NEW_TOKENS
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.tree import ROOT, DraftTree
+from specviz.errors import SpecvizError
+
+KINDS = ("eagle", "eagle3")
+TITLES = {"eagle": "EAGLE-1 head", "eagle3": "EAGLE-3 head"}
+#: Head KV positions a round may add beyond the committed text (every expanded frontier node).
+TREE_ROOM = 16 * 32 + 8
+
+
+class _Attention(nn.Module):
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        q, kvw = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.q_proj = nn.Linear(spec.attention_in, q, bias=False)
+        self.k_proj = nn.Linear(spec.attention_in, kvw, bias=False)
+        self.v_proj = nn.Linear(spec.attention_in, kvw, bias=False)
+        self.o_proj = nn.Linear(q, spec.hidden_size, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    """The head's decoder layer; EAGLE-1's has no input norm, EAGLE-3's adds ``hidden_norm`` for the feature half."""
+
+    def __init__(self, spec: HeadSpec):
+        super().__init__()
+        self.self_attn = _Attention(spec)
+        self.mlp = _MLP(spec)
+        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        if spec.kind == "eagle3":
+            self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+            self.hidden_norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+
+class EagleHead(nn.Module):
+    """An EAGLE-1 or EAGLE-3 head over a target's features; trainable (the borrowed tensors are not parameters).
+
+    ``embedding``: the target's input embedding weight ``[V, H]``; ``output``: the target's output layer (a module
+    whose ``weight`` is ``[V, H]``), used when the head has no ``lm_head`` of its own. Neither is registered as a
+    parameter or buffer, so neither is trained, moved, saved or counted in the head's ``state_dict``.
+    """
+
+    def __init__(self, spec: HeadSpec, embedding: torch.Tensor, output: nn.Module | None):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.spec = spec
+        self.fc = nn.Linear(spec.fc_in, spec.hidden_size, bias=spec.fc_bias)
+        if spec.fc_norm:
+            self.fc_norm = nn.ModuleList(nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+                                         for _ in spec.feature_layers)
+        if spec.norm_before_fc:
+            self.input_norm = nn.RMSNorm(spec.fc_in, eps=spec.rms_norm_eps)
+        self.layer = _Layer(spec)
+        if spec.kind == "eagle3":
+            self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False) if spec.own_lm_head else None
+        if spec.reduced_vocab:
+            self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        else:
+            self.d2t = None
+        if spec.rope.get("rope_type", "default") in ("dynamic", "longrope"):
+            raise SpecvizError(f"{spec.rope['rope_type']} RoPE scaling (it changes with the sequence length) is not "
+                               f"supported in EAGLE heads")
+        rope_config = LlamaConfig(hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
+                                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                                  rope_parameters=dict(spec.rope), max_position_embeddings=spec.max_position_embeddings)
+        rotary = LlamaRotaryEmbedding(rope_config)
+        # float32 frequencies kept outside the module's buffers: a ``head.to(float16)`` for saving must not round them
+        self._rope = (rotary.inv_freq.detach().float().clone(), float(rotary.attention_scaling))
+        if embedding.shape[-1] != spec.hidden_size:
+            raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the head is {spec.hidden_size} wide")
+        if output is None and not spec.own_lm_head:
+            raise SpecvizError("a head without its own lm_head needs the target's output layer")
+        # ``output_packed``: the output layer is the fast target path's pre-packed one (inference copies reuse it)
+        self._borrowed = {"embedding": embedding.detach(), "output": output, "output_packed": False}
+        self._output_op = None  # set on inference copies: a pre-packed output projection
+
+    # ---- the pieces a trainer needs --------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.spec.feature_layers
+
+    def draft_ids(self) -> torch.Tensor | None:
+        """Target ids of the draft vocabulary (None: the whole vocabulary)."""
+        return None if self.d2t is None else layouts.target_ids(self.d2t)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The target's embedding of ``token_ids`` in the head's dtype (frozen: borrowed)."""
+        weight = self._borrowed["embedding"]
+        return F.embedding(token_ids.to(weight.device), weight).to(self.fc.weight.dtype)
+
+    def forward(self, hidden: torch.Tensor, token_ids: torch.Tensor, position_ids: torch.Tensor, *,
+                from_target: bool = True, cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One head step over ``[B, T]`` positions; returns the layer output ``[B, T, H]`` (before ``norm``).
+
+        ``hidden``: ``[B, T, F]``, the target features of positions t (EAGLE-3: the feature layers concatenated in
+        ``feature_layers`` order; EAGLE-1: ``hidden_states[L]``) when ``from_target``, else the head's own
+        ``next_hidden`` of the previous step (training-time test and deeper draft steps). ``token_ids``: x[t+1].
+        ``position_ids``: ``[B, T]`` or ``[T]`` RoPE positions (t). ``cache``: anything with ``update(keys, values,
+        layer_idx) -> (keys, values)`` (a ``DynamicCache``); ``mask``: bool, True = attend, broadcastable to
+        ``[B, heads, T, S]``; None means causal over the new positions with everything cached visible.
+        """
+        spec = self.spec
+        hidden = hidden.to(self.fc.weight.dtype)
+        emb = self.embed(token_ids)
+        if spec.kind == "eagle":
+            h = self.fc(torch.cat([emb, hidden], dim=-1))
+            x, residual = h, h  # EAGLE-1's first layer has no input norm
+        else:
+            h = self.project(hidden) if from_target else hidden
+            normed = self.layer.hidden_norm(h)
+            x = torch.cat([self.layer.input_layernorm(emb), normed], dim=-1)
+            residual = normed if spec.norm_before_residual else h
+        h = residual + self._attend(x, position_ids, cache, mask)
+        return h + self.layer.mlp(self.layer.post_attention_layernorm(h))
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3's ``fc`` over the concatenated target features (with the layouts' optional input norms)."""
+        if self.spec.norm_before_fc:
+            features = self.input_norm(features)
+        if self.spec.fc_norm:
+            chunks = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(features)
+
+    def next_hidden(self, out: torch.Tensor) -> torch.Tensor:
+        """What the next step is fed as its hidden state: ``out``, or ``norm(out)`` for heads trained that way."""
+        return self.norm(out) if self.spec.feed_normed else out
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits ``[..., draft_vocab_size]`` of the head's outputs."""
+        h = self.norm(out) if self.spec.logits_norm and self.spec.kind == "eagle3" else out
+        if self._output_op is not None:
+            return self._output_op(h).to(h.dtype)
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        layer = self._borrowed["output"]
+        if self.d2t is None:
+            return layer(h.to(layer.weight.dtype)).to(h.dtype)
+        return F.linear(h, layer.weight[self.draft_ids()].to(h.dtype))
+
+    def output_weight(self) -> torch.Tensor:
+        """The ``[draft_vocab_size, H]`` output rows (the head's own, or the target's rows at the draft ids)."""
+        if self.lm_head is not None:
+            return self.lm_head.weight
+        weight = self._borrowed["output"].weight
+        return weight if self.d2t is None else weight[self.draft_ids()]
+
+    def full_logits(self, out: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+        """Logits over the whole target vocabulary: ids outside the draft vocabulary get -inf (q = 0)."""
+        vocab_size = vocab_size or self.spec.vocab_size
+        logits = self.logits(out).float()
+        if self.d2t is None and logits.shape[-1] == vocab_size:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+        ids = self.draft_ids() if self.d2t is not None else torch.arange(logits.shape[-1], device=logits.device)
+        return full.index_copy_(-1, ids.to(logits.device), logits)
+
+    def unroll(self, features: torch.Tensor, token_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time test (EAGLE-3): ``steps`` head steps over a teacher-forced sequence, each step after the
+        first fed the previous step's ``next_hidden``, exactly as drafting feeds deeper tree levels.
+
+        ``features``: ``[B, T, F]`` target features of positions 0..T-1; ``token_ids``: ``[B, T + steps - 1]``, the
+        tokens x[1], x[2], ... (step i at position t reads x[t+1+i], at RoPE position t+i). Returns one ``[B, T, H]``
+        output per step; step i's output at position t predicts x[t+2+i] (through ``logits``). Attention: step 0 is
+        causal over step 0; step i > 0 also sees, at each position, that position's keys of steps 1..i (its draft
+        ancestors), as ``ttt_mask`` says.
+        """
+        length = features.shape[1]
+        if token_ids.shape[1] != length + steps - 1:
+            raise SpecvizError(f"unroll over {length} positions and {steps} steps needs {length + steps - 1} tokens, "
+                               f"got {token_ids.shape[1]}")
+        keys = _StackedKV()
+        positions = torch.arange(length, device=features.device)
+        outputs, hidden = [], features
+        for step in range(steps):
+            out = self(hidden, token_ids[:, step: step + length], positions + step, from_target=step == 0,
+                       cache=keys, mask=ttt_mask(length, step, device=features.device))
+            outputs.append(out)
+            hidden = self.next_hidden(out)
+        return outputs
+
+    def _attend(self, x: torch.Tensor, position_ids: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
+        spec, attn = self.spec, self.layer.self_attn
+        batch, length, _ = x.shape
+        q = attn.q_proj(x).view(batch, length, spec.num_heads, spec.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        inv_freq, scaling = self._rope
+        freqs = position_ids.reshape(-1, length).to(x.device)[..., None].float() * inv_freq.to(x.device)
+        angles = torch.cat((freqs, freqs), dim=-1)  # as transformers' Llama RoPE computes them
+        cos, sin = (angles.cos() * scaling).to(x.dtype)[:, None], (angles.sin() * scaling).to(x.dtype)[:, None]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(k, v, 0)
+        total = k.shape[-2]
+        if mask is None and length > 1:
+            mask = torch.ones(length, total, dtype=torch.bool, device=x.device).tril(total - length)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=spec.num_kv_heads != spec.num_heads)
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
+
+    # ---- inference copy -----------------------------------------------------------------------------------------
+    def for_inference(self) -> EagleHead:
+        """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run
+        (as the fast target path does); the output rows are gathered once. The head itself stays trainable."""
+        from specviz.models import fast_forward
+
+        weight = self.fc.weight
+        if not fast_forward.available(str(weight.device), weight.dtype):
+            return self
+        fast = _shallow_copy(self, fast_forward.packed_linear)  # packs lm_head too, when the head has its own
+        if self.lm_head is not None or (self.d2t is None and self._borrowed["output_packed"]):
+            return fast  # own rows packed above, or the fast target's own (already packed) output layer
+        rows = self.output_weight().detach()
+        if fast_forward.available(str(rows.device), rows.dtype):
+            fast._output_op = fast_forward.packed_linear(rows.contiguous())
+        return fast
+
+
+def ttt_mask(length: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``[T, T * (step + 1)]`` visibility of training-time-test step ``step``: causal over step 0's keys, then each
+    position's own keys of steps 1..step (a draft node sees the committed prefix and its ancestors)."""
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * step, dim=1)
+
+
+class _StackedKV:
+    """Keys and values of successive unrolled steps side by side (``ttt_mask``'s column order); keeps gradients."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int = 0):
+        self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=-2)
+        self.values = values if self.values is None else torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _shallow_copy(module: nn.Module, pack) -> nn.Module:
+    """``module`` and its children copied (tensors shared); each ``nn.Linear`` runs through ``pack``."""
+    new = copy.copy(module)
+    new._modules = {name: None if child is None else _shallow_copy(child, pack)
+                    for name, child in module._modules.items()}
+    if isinstance(module, nn.Linear):
+        new.forward = pack(module.weight, module.bias)
+    return new
+
+
+# ---- building, saving and loading heads -------------------------------------------------------------------------
+def target_parts(model: nn.Module) -> tuple[TargetShape, torch.Tensor, nn.Module]:
+    """(shape, embedding weight, output layer) of a causal LM (``Target.model`` or a loaded HF model)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    output = model.get_output_embeddings()
+    if output is None or not hasattr(output, "weight"):
+        raise SpecvizError(f"{type(model).__name__} has no output layer an EAGLE head can borrow")
+    shape = TargetShape.of(config, vocab_size=int(output.weight.shape[0]))
+    return shape, model.get_input_embeddings().weight, output
+
+
+def spec_for(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = None,
+             feature_layers: tuple[int, ...] | None = None, fc_bias: bool | None = None) -> HeadSpec:
+    """The spec of a head of ours for ``model``: the target's width, heads, MLP size, norm eps and RoPE.
+
+    ``draft_ids``: target ids of a reduced draft vocabulary (EAGLE-3's frequent tokens); ``feature_layers``
+    overrides the default (EAGLE-1: ``(L,)``; EAGLE-3: ``(2, L//2, L-3)``, Hugging Face ``hidden_states`` indices).
+    """
+    if kind not in KINDS:
+        raise SpecvizError(f"unknown EAGLE kind {kind!r}; expected one of {', '.join(KINDS)}")
+    shape, _, _ = target_parts(model)
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    heads = int(config.num_attention_heads)
+    rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default",
+                                                              "rope_theta": getattr(config, "rope_theta", 10000.0)})
+    return HeadSpec(
+        kind=kind, hidden_size=shape.hidden_size, intermediate_size=int(config.intermediate_size), num_heads=heads,
+        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or shape.hidden_size // heads),
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)), vocab_size=shape.vocab_size,
+        draft_vocab_size=shape.vocab_size if draft_ids is None else int(draft_ids.numel()),
+        feature_layers=tuple(feature_layers or layouts.default_feature_layers(kind, shape.num_layers)),
+        rope=rope, max_position_embeddings=int(getattr(config, "max_position_embeddings", 8192) or 8192),
+        fc_bias=(kind == "eagle") if fc_bias is None else fc_bias,  # EAGLE-1's config default: bias on
+        logits_norm=kind == "eagle3",
+    )
+
+
+def new_head(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = None,
+             feature_layers: tuple[int, ...] | None = None, seed: int | None = None,
+             dtype: torch.dtype = torch.float32) -> EagleHead:
+    """A freshly initialised head of ours for the target ``model`` (its embedding and output rows borrowed)."""
+    spec = spec_for(model, kind, draft_ids=draft_ids, feature_layers=feature_layers)
+    layouts.check_fits(spec, target_parts(model)[0])
+    generator_state = torch.random.get_rng_state()
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        head = build_head(model, spec)
+        for module in head.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+    finally:
+        if seed is not None:
+            torch.random.set_rng_state(generator_state)
+    if draft_ids is not None:
+        ids = draft_ids.to(torch.long).flatten().sort().values
+        layouts.check_draft_ids(ids, spec.vocab_size)
+        head.d2t.copy_(ids - torch.arange(ids.numel()))
+    return head.to(dtype=dtype)
+
+
+def build_head(model: nn.Module, spec: HeadSpec, state: dict[str, torch.Tensor] | None = None) -> EagleHead:
+    """A head for ``spec`` on ``model``'s device, borrowing its embedding and output layer; ``state`` loads weights."""
+    from specviz.models import fast_forward
+
+    _, embedding, output = target_parts(model)
+    head = EagleHead(spec, embedding, output).to(embedding.device)
+    head._borrowed["output_packed"] = fast_forward.is_fast(model)
+    if state is not None:
+        head.load_state_dict({k: v.to(embedding.device) for k, v in state.items()}, strict=True)
+    return head
+
+
+def draft_ids_from_counts(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``size`` most frequent target ids (ties: lower id), sorted by id as EAGLE-3's ``d2t`` expects."""
+    if not 1 <= size <= counts.numel():
+        raise SpecvizError(f"draft vocabulary size must be in [1, {counts.numel()}], got {size}")
+    order = sorted(range(counts.numel()), key=lambda i: (-float(counts[i]), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def save_head(head: EagleHead, folder: Path, *, target_name: str, layout: str = "specviz",
+              dtype: torch.dtype | None = None) -> Path:
+    """Write ``head`` as a loadable folder: our layout by default (borrowed tensors recorded, not stored, with
+    the target embedding's fingerprint), or any published layout (``eagle_layouts.DIALECTS``) for interop."""
+    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
+
+    dtype = dtype or head.fc.weight.dtype
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in head.state_dict().items()}
+    embedding = head._borrowed["embedding"]
+    if layout == "specviz":
+        record = {CONFIG_KEY: {"from": target_name, "tensors": ["embedding"] + ([] if head.spec.own_lm_head
+                                                                                  else ["output"]),
+                               "fingerprint": fingerprint(embedding)}}
+        return layouts.write(Path(folder), head.spec, state, layout, extra_config=record)
+    spec = head.spec
+    if spec.kind == "eagle3" and not spec.own_lm_head:
+        state["lm_head.weight"] = head.output_weight().detach().to(dtype)
+        spec = replace(spec, own_lm_head=True)
+    return layouts.write(Path(folder), spec, state, layout, embedding=embedding.to(dtype))
+
+
+def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) -> EagleHead:
+    """A head from a folder (or a hub id, when the hub is reachable) in any supported layout, checked against the
+    target ``model``: hidden size, vocabulary, feature layers, weight names and shapes, and, where the folder
+    records or carries the embedding, that it is this target's. Errors are one line naming the source."""
+    folder, name = resolve_source(source)
+    try:
+        config = layouts.read_config(folder)
+        tensors = layouts.read_tensors(folder)
+        dialect = layouts.dialect_of(config, set(tensors))
+        shape, embedding, _ = target_parts(model)
+        spec = layouts.head_spec(config, shape, dialect, set(tensors))
+        if kind is not None and spec.kind != kind:
+            raise SpecvizError(f"it is an {TITLES[spec.kind]}, not an {TITLES[kind]}")
+        _check_same_target(config, tensors.get(layouts.EMBEDDING_KEY), embedding)
+        return build_head(model, spec, layouts.to_head_state(tensors, spec, dialect))  # float32 weights
+    except SpecvizError as error:
+        raise SpecvizError(f"EAGLE head {name}: {error}") from None
+
+
+def _check_same_target(config: dict, stored: torch.Tensor | None, embedding: torch.Tensor) -> None:
+    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint, spec_of
+
+    record = spec_of(config)
+    if record is not None:
+        expected, donor = record.get("fingerprint") or [], record.get("from", "another target")
+    elif stored is not None:
+        if tuple(stored.shape) != tuple(embedding.shape):
+            raise SpecvizError(f"its embed_tokens are {list(stored.shape)}, the target's {list(embedding.shape)}")
+        expected, donor = fingerprint(stored), "another model"
+    else:
+        return  # nothing recorded: the shape checks are all there is
+    found = fingerprint(embedding)
+    if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
+                                          for a, b in zip(found, expected, strict=True)):
+        raise SpecvizError(f"it was trained for {donor}: the target's embedding is not the one it was trained with")
+
+
+def resolve_source(source: str | Path) -> tuple[Path, str]:
+    """(local folder, display name) of a head directory or a hub id (downloaded with the hub helpers' errors)."""
+    from specviz.models import hub
+
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path, text
+    if path.exists():
+        raise SpecvizError(f"EAGLE head {text}: not a directory")
+    if not hub.looks_like_hub_id(text):
+        raise SpecvizError(f"EAGLE head {text!r}: no such directory, and not a hub id (owner/name)")
+    from huggingface_hub import snapshot_download
+
+    repo, revision = hub.split_revision(text)
+    try:
+        folder = snapshot_download(repo, revision=revision, local_files_only=hub.hub_offline(),
+                                   allow_patterns=["config.json", "*.safetensors", "*.safetensors.index.json",
+                                                   "pytorch_model.bin"])
+    except Exception as error:  # noqa: BLE001 - hub errors come in many types; hub_error words them
+        raise hub.hub_error(text, error) from None
+    return Path(folder), f"hub:{text}"
+
+
+# ---- the drafter ------------------------------------------------------------------------------------------------
+class EagleDrafter(Drafter):
+    """Drafts with an EAGLE head from the target features the engine hands it (``observe``).
+
+    ``vocab_size``: the target's logits width. ``stochastic_tree``: at temperature > 0 draw tree children from q
+    (verified by rejection sampling) instead of taking the top-w. ``pack``: run the head through pre-packed CPU
+    kernels (same weights; a separate copy of the module, the given head stays trainable).
+    """
+
+    def __init__(self, head: EagleHead, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
+                 pack: bool = True):
+        if head.spec.vocab_size > vocab_size:
+            raise SpecvizError(f"the head drafts over {head.spec.vocab_size} ids but the target's logits have "
+                               f"{vocab_size}")
+        self.head = head.eval()
+        self.runner = head.for_inference() if pack else self.head
+        self.vocab_size = vocab_size
+        self.name = name or head.kind
+        self.stochastic_tree = stochastic_tree
+        self.feature_layers = tuple(head.feature_layers)
+        self._cache = None
+        self._fed = 0  # committed pairs (f[t], x[t+1]) in the head cache: t = 0 .. fed - 1
+        self._pending: list[torch.Tensor] = []  # target features of positions fed, fed + 1, ...
+        self._features_end = 0  # the next position whose feature the engine will hand over
+        self._tokens: list[int] = []  # context tokens x[0 .. fed] the fed pairs used
+        self._last: torch.Tensor | None = None  # head output at the last fed pair (it predicts the root's children)
+        self._device = head.fc.weight.device
+
+    def describe(self) -> dict:
+        spec = self.head.spec
+        return {"name": self.name, "kind": spec.kind, "feature_layers": list(self.feature_layers),
+                "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
+                "draft_vocab": spec.draft_vocab_size if spec.reduced_vocab else None,
+                "stochastic_tree": self.stochastic_tree}
+
+    @property
+    def head_cache(self):
+        return self._cache
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self._cache = DynamicCache()  # one preallocated layer: a rollback is a length change
+        self._cache.layers.append(kv.PreallocatedLayer(len(prompt_ids) + MAX_NEW_TOKENS + TREE_ROOM))
+        self._fed, self._pending, self._features_end = 0, [], 0
+        self._tokens, self._last = [int(prompt_ids[0])] if prompt_ids else [], None
+
+    def observe(self, features: TargetFeatures) -> None:
+        if self._cache is None:
+            raise SpecvizError("the EAGLE drafter got target features before begin()")
+        if features.start != self._features_end:
+            raise SpecvizError(f"target features arrived for position {features.start}, expected "
+                               f"{self._features_end}: the engine and the head lost step")
+        if tuple(features.layers) != self.feature_layers:
+            raise SpecvizError(f"target features of layers {list(features.layers)}, the head reads "
+                               f"{list(self.feature_layers)}")
+        rows = features.hidden.reshape(len(features), -1)
+        self._pending.append(rows.to(self._device, self.head.fc.weight.dtype))
+        self._features_end += len(features)
+
+    @torch.inference_mode()
+    def catch_up(self, context: list[int]) -> None:
+        """Feed every committed pair not yet in the head cache: (f[t], x[t+1]) for t < len(context) - 1."""
+        if self._cache is None:
+            self.begin(context)
+        if context[: len(self._tokens)] != self._tokens:
+            raise SpecvizError("the context changed under the EAGLE drafter (it needs the target features of the new "
+                               "text: start a new generation)")
+        kv.crop_to(self._cache, self._fed)  # drop the last round's draft entries
+        end = len(context) - 1
+        count = end - self._fed
+        if count <= 0:
+            return
+        if self._features_end < end:
+            raise SpecvizError(f"the EAGLE head has target features up to position {self._features_end - 1}, it needs "
+                               f"{end - 1}")
+        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        feats, rest = pending[:count], pending[count:]
+        self._pending = [rest] if len(rest) else []
+        tokens = torch.tensor([context[self._fed + 1: end + 1]], device=self._device)
+        positions = torch.arange(self._fed, end, device=self._device)[None]
+        out = self.runner(feats[None], tokens, positions, from_target=True, cache=self._cache)
+        self._last = out[0, -1]
+        self._fed = end
+        self._tokens = list(context[: end + 1])
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator) -> DraftTree:
+        self.catch_up(context)
+        if self._last is None:  # a one-token prompt: no committed pair yet
+            return DraftTree.empty()
+        runner, base = self.runner, self._fed
+        output_of: dict[int, torch.Tensor] = {}  # candidate -> the head output after feeding it
+        slot_of: dict[int, int] = {}  # candidate -> cache offset after the committed pairs
+
+        def expand(frontier: list[int], candidates: list[dynamic_tree.Candidate]) -> torch.Tensor:
+            cached = kv.cache_length(self._cache)
+            visible = torch.zeros(len(frontier), cached + len(frontier), dtype=torch.bool)
+            visible[:, :base] = True
+            for row, node in enumerate(frontier):
+                ancestor = candidates[node].parent
+                while ancestor != ROOT:
+                    visible[row, base + slot_of[ancestor]] = True
+                    ancestor = candidates[ancestor].parent
+                visible[row, cached + row] = True
+                slot_of[node] = cached - base + row
+            hidden = torch.stack([runner.next_hidden(self._predictor(node, candidates, output_of))
+                                  for node in frontier])
+            tokens = torch.tensor([[candidates[node].token for node in frontier]], device=self._device)
+            positions = torch.tensor([[base - 1 + candidates[node].depth for node in frontier]], device=self._device)
+            mask = None if bool(visible.all()) else visible.to(self._device)
+            out = runner(hidden[None], tokens, positions, from_target=False, cache=self._cache, mask=mask)
+            for row, node in enumerate(frontier):
+                output_of[node] = out[0, row]
+            return runner.full_logits(out[0], self.vocab_size)
+
+        root = runner.full_logits(self._last[None], self.vocab_size)
+        grown = dynamic_tree.grow(root, expand, budget, sampling, generator, self.vocab_size, self.stochastic_tree)
+        return grown.tree
+
+    def _predictor(self, node: int, candidates: list[dynamic_tree.Candidate],
+                   output_of: dict[int, torch.Tensor]) -> torch.Tensor:
+        parent = candidates[node].parent
+        return self._last if parent == ROOT else output_of[parent]
+
+    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        """Drop the draft entries: accepted nodes were fed with the head's own outputs, not the target's features;
+        their pairs are fed again, with the real features, at the next ``catch_up``."""
+        if self._cache is not None:
+            kv.crop_to(self._cache, self._fed)
+
+
+# ---- the family -------------------------------------------------------------------------------------------------
+def shipped_dir(target: str, kind: str) -> Path:
+    """Where the head trained for a target registry name is shipped: ``assets/models/<target>-<kind>``."""
+    from specviz.models.registry import ASSETS_MODELS
+
+    return ASSETS_MODELS / f"{target}-{kind}"
+
+
+def _shipped(kind: str):
+    def checkpoints(target: str) -> list[str]:
+        # the bare spec (``eagle3``) selects the head shipped for the chosen target
+        return [""] if (shipped_dir(target, kind) / "config.json").is_file() else []
+    return checkpoints
+
+
+def _builder(kind: str):
+    def build(argument: str, target, settings) -> EagleDrafter:
+        source = argument or shipped_dir(target.name, kind)
+        if not argument and not (Path(source) / "config.json").is_file():
+            raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name}; give {kind}:<dir or hub id>")
+        head = load_head(source, target.model, kind=kind)
+        name = f"{kind}:{argument}" if argument else kind
+        return EagleDrafter(head, target.vocab_size, name=name, stochastic_tree=bool(settings["stochastic_tree"]))
+    return build
+
+
+FAMILIES = {kind: register(DrafterFamily(
+    name=kind,
+    syntax=f"{kind}[:<dir|hub id>]",
+    title=TITLES[kind],
+    description=("a one-layer head drafting from the target's last hidden state (EAGLE-1; EAGLE-2's dynamic tree "
+                 "with --tree)" if kind == "eagle" else
+                 "a one-layer head drafting from three target layers, low/mid/high (EAGLE-3; EAGLE-2's dynamic "
+                 "tree with --tree)") + "; bare name: the head shipped for the target",
+    build=_builder(kind),
+    reads=("stochastic_tree", "min_draft_prob"),
+    feature_layers=lambda num_layers, kind=kind: layouts.default_feature_layers(kind, num_layers),
+    features=("`hidden_states[L]` (after the final norm)" if kind == "eagle" else
+              "`hidden_states[2]`, `[L//2]`, `[L-3]` (the inputs of layers 2, L//2, L-3)"),
+    checkpoints=_shipped(kind),
+    trainer=kind,  # specviz train eagle / eagle3 (specviz.training.trainers.eagle)
+    order=30 if kind == "eagle" else 31,
+)) for kind in KINDS}

@@ -1,0 +1,76 @@
+"""The ``specviz train`` arguments, declared once: the CLI parses them, ``export`` re-parses recorded command lines."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specviz.drafters import registry
+from specviz.models.registry import REPO_ROOT
+from specviz.training.trainers import TRAINERS
+
+DESCRIPTION = ("specviz train <kind> --target T --data PATH... --out DIR: build shared target features, train, "
+               "evaluate, export.")
+DEFAULT_CACHE = REPO_ROOT / ".cache" / "specviz"
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of the train command (shared by the subcommand and the standalone parser)."""
+    kinds = [f"{kind} (trains {family.syntax} drafters)" for kind, family in registry.trainers().items()
+             if kind in TRAINERS]  # the drafter registry names each family's trainer
+    parser.add_argument("kind", help=f"what to train: {', '.join(kinds)}")
+    parser.add_argument("--target", default="smollm2-135m",
+                        help="target model: registry name, directory, .gguf or hub id")
+    parser.add_argument("--data", nargs="+", required=True,
+                        help="training text: files, folders, globs, or 'stdlib' (the Python standard library)")
+    parser.add_argument("--out", required=True, type=Path, help="run folder: checkpoints, metrics, final model")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps")
+    parser.add_argument("--prompts", type=int, default=1200, help="self-distillation prompts the target answers")
+    parser.add_argument("--extra-prompts", type=int, default=0,
+                        help="more training-only prompts, appended so the held-out split stays the same")
+    parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
+    parser.add_argument("--prompt-file", nargs="+", default=[], type=str,
+                        help="Spec-Bench-style question.jsonl files whose first turns the target also answers")
+    parser.add_argument("--prompt-file-holdout", type=int, default=2,
+                        help="first N prompts per category of each prompt file kept out of training and used for "
+                             "held-out metrics (specviz bench --limit-per-category N evaluates exactly those)")
+    parser.add_argument("--sampled-answers", type=int, default=0,
+                        help="extra sampled (not greedy) target answers per prompt-file training prompt")
+    parser.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of those sampled answers")
+    parser.add_argument("--prompt-file-repeat", type=int, default=1,
+                        help="repeat the prompt-file answers N times in the training mix (a mixture weight)")
+    parser.add_argument("--gen-tokens", type=int, default=144, help="max answer length when self-distilling")
+    parser.add_argument("--gen-batch", type=int, default=16, help="batch size of the target's answer generation")
+    parser.add_argument("--corpus-tokens", type=int, default=100_000, help="corpus tokens annotated with target top-k")
+    parser.add_argument("--stdlib-files", type=int, default=400, help="how many stdlib .py files 'stdlib' samples")
+    parser.add_argument("--topk", type=int, default=8, help="target probabilities kept per position")
+    parser.add_argument("--hidden", type=int, default=None, help="student hidden size (trainer default if unset)")
+    parser.add_argument("--layers", type=int, default=None, help="student decoder layers")
+    parser.add_argument("--init-layers", default=None,
+                        help="draft-lm: start from these target decoder layers, e.g. 0,1,2,3 (the student takes the "
+                             "target's shape and shares its embedding and output layer, which are not shipped)")
+    parser.add_argument("--autocast", choices=["bf16"], default=None,
+                        help="mixed precision for the training forward/backward (fp32 weights; bf16 matmuls are "
+                             "several times faster on CPUs with AMX and on GPUs)")
+    parser.add_argument("--softmax-sample", type=int, default=0,
+                        help="draft-lm: score the target's top-k + N random tokens instead of the full vocabulary "
+                             "(sampled softmax; 0 = full softmax)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="feature cache (git-ignored)")
+    parser.add_argument("--export", type=Path, default=None, help="also write fp16 weights + model card here")
+    parser.add_argument("--name", default=None, help="model name used in the model card")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specviz train", description=DESCRIPTION)
+    add_train_arguments(parser)
+    return parser
