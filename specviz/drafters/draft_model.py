@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specviz.drafters import dynamic_tree
 from specviz.drafters.lean_llama import lean_forward_for
 from specviz.drafters.quantized import check_draft_quant
 from specviz.drafters.registry import DrafterFamily, register
@@ -31,7 +32,7 @@ from specviz.engine import cache as kv
 from specviz.engine.accept import argmax_rows
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import MAX_NEW_TOKENS
-from specviz.engine.sampling import SamplingConfig, probabilities
+from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.engine.verify import masked_forward
 from specviz.errors import SpecvizError
@@ -107,7 +108,7 @@ class DraftModelDrafter(Drafter):
             if level > 1:
                 logits = self._expand(frontier, nodes)
             for parent, row in zip(frontier, logits):
-                dist, rank = _distributions(row[None, : self.vocab_size], sampling, self.vocab_size)
+                dist, rank = dynamic_tree.distributions(row[None, : self.vocab_size], sampling, self.vocab_size)
                 rows[parent + 1] = dist[0]
                 self._add_children(nodes, parent, rank[0], dist[0], width, sampled, generator)
             extendable = [i for i, node in enumerate(nodes) if node.depth == level and node.q >= budget.min_draft_prob]
@@ -206,19 +207,6 @@ def trim_output_layer(model: torch.nn.Module, rows: int) -> torch.nn.Module:
     trimmed._modules = dict(model._modules)
     trimmed._modules[name] = trimmed_head
     return trimmed
-
-
-def _distributions(logits: torch.Tensor, sampling: SamplingConfig, vocab_size: int):
-    """(q, rank): the processed draft distribution, and what to rank children by (q, or softmax when greedy)."""
-    if logits.shape[-1] < vocab_size:  # a draft with a smaller (padded-less) vocabulary: pad with impossible tokens
-        pad = torch.full((*logits.shape[:-1], vocab_size - logits.shape[-1]), float("-inf"), device=logits.device)
-        logits = torch.cat([logits, pad], dim=-1)
-    logits = logits.float().cpu()
-    if sampling.greedy:
-        soft = logits.softmax(-1)
-        return soft, soft
-    q = probabilities(logits, sampling)
-    return q, q
 
 
 # ---- the family ----------------------------------------------------------------------------------------------
