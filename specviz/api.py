@@ -113,7 +113,8 @@ def header_for(run: Generation, prompt_text: str | None = None, chat: bool = Fal
     return trace.make_header(
         target={"name": target.name, "source": target.source, "vocab_size": target.vocab_size,
                 "forward": target.forward},
-        drafter=run.drafter.describe() if run.drafter else None,
+        drafter=({**run.drafter.describe(), "feature_layers": list(run.drafter.feature_layers)}
+                 if run.drafter else None),
         config={**run.config.to_dict(), "chat": chat},
         budget=run.budget.to_dict() if run.drafter else None,
         prompt={"text": prompt_text, "token_ids": run.prompt_ids, "pieces": target.pieces(run.prompt_ids)},

@@ -55,7 +55,7 @@ def test_sampling_settings_out_of_range(kwargs):
     one_line(error)
 
 
-@pytest.mark.parametrize("spec", ["", "medusa", "model:", "ngram:x", "nosuch:foo"])
+@pytest.mark.parametrize("spec", ["", "hydra", "model:", "ngram:x", "nosuch:foo"])
 def test_unknown_drafter(target, spec):
     with pytest.raises(SpecvizError) as error:
         api.make_drafter(spec, target)

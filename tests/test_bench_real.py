@@ -25,8 +25,8 @@ def test_quick_bench_on_the_default_target(capsys, tmp_path):
     draft = "model:smollm2-135m-draft"
     # the declared defaults (specviz.settings): chain k = 2, a 2-node tree (width 2, depth 2)
     assert list(table) == [PLAIN_ROW, "ngram chain k=2", "ngram tree w=2 d=2 n<=2", f"{draft} chain k=2",
-                           f"{draft} tree w=2 d=2 n<=2", "hf generate (plain)", "hf prompt lookup k=2 n=3",
-                           f"hf assisted {draft} k=2"]
+                           f"{draft} tree w=2 d=2 n<=2", "eagle3 chain k=2", "eagle3 tree w=2 d=2 n<=2",
+                           "hf generate (plain)", "hf prompt lookup k=2 n=3", f"hf assisted {draft} k=2"]
     assert data["summary"]["categories"] == ["writing", "qa", "math_reasoning"]
     for name, groups in table.items():
         assert groups[OVERALL]["exact"] == 3, name  # greedy: token-identical to plain decoding on every prompt

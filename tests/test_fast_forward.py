@@ -34,6 +34,19 @@ def test_fast_copy_shares_tensors_and_leaves_the_model_alone(arch):
     assert {n: p.data_ptr() for n, p in fast.named_parameters()} == {n: p.data_ptr() for n, p in net.named_parameters()}
     assert all(m.forward == forwards[n] for n, m in net.named_modules() if isinstance(m, torch.nn.Linear))
     assert all("forward" in vars(m) for m in fast.modules() if isinstance(m, torch.nn.Linear))
+    norms = [m for m in fast.modules() if type(m).__name__ in fast_forward.PLAIN_RMS_NORMS]
+    assert norms and all("forward" in vars(m) for m in norms)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_rms_norm_is_bit_identical(arch):
+    """The one-call norm computes exactly what transformers' RMSNorm computes (not merely close)."""
+    net = tiny.model(arch, 64, layers=1, hidden=48)
+    norm = net.model.norm
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48))
+    x = torch.randn(3, 7, 48) * 5
+    assert torch.equal(fast_forward.fused_rms_norm(norm.weight, norm.variance_epsilon)(x), norm(x))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

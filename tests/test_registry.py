@@ -102,7 +102,7 @@ def test_make_drafter_builds_both_families(target, draft_dir):
     assert "draft-vocab must be" in one_line(error)
 
 
-@pytest.mark.parametrize("spec", ["", "medusa", "nosuch:x", "model:", "model:  ", ":ngram"])
+@pytest.mark.parametrize("spec", ["", "hydra", "nosuch:x", "model:", "model:  ", ":ngram"])
 def test_unknown_specs_are_one_line_errors_listing_the_families(target, spec):
     with pytest.raises(SpecvizError) as error:
         api.make_drafter(spec, target)

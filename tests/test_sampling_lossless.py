@@ -5,7 +5,7 @@ target; the speculative samples are compared to it with a chi-square test. Thres
 deterministic; a correct rule gives p-values spread uniformly, so requiring p > 1e-3 fails a correct implementation
 for one seed in a thousand, while the broken-residual control below reaches p < 1e-6 at these sample sizes.
 
-Two levels: the accept rules on distributions from real tiny models (>= 20,000 samples each, fast), and the whole
+Two levels: the accept rules on distributions from real tiny models (10,000 samples each), and the whole
 engine (drafter + verify forward + cache + accept) with fewer samples, since each generation runs real forwards.
 """
 
@@ -125,7 +125,7 @@ CASES = {
 def test_accept_rules_preserve_target_distribution(tables, case, drafter):
     target, fair, bad = tables
     draft = fair if drafter == "fair" else bad
-    counts = run_rule(target, draft, samples=20_000, seed=1, **CASES[case])
+    counts = run_rule(target, draft, samples=10_000, seed=1, **CASES[case])
     assert chi_square_p(counts, target.joint()) > PASS_P
 
 
@@ -134,7 +134,7 @@ def test_broken_residual_is_detected(tables, case, monkeypatch):
     """Control: sampling the correction from p instead of the residual biases the output, and the test sees it."""
     target, _, bad = tables
     monkeypatch.setattr(accept_module.sampling, "residual", lambda p, q: p)
-    counts = run_rule(target, bad, samples=20_000, seed=1, **CASES[case])
+    counts = run_rule(target, bad, samples=10_000, seed=1, **CASES[case])
     assert chi_square_p(counts, target.joint()) < FAIL_P
 
 
@@ -165,7 +165,7 @@ def test_engine_sampling_matches_target(budget, stochastic, draft_vocab, draft_q
     drafter = DraftModelDrafter(tiny.model(arch, V, layers=1, seed=3, scale=15), V, stochastic_tree=stochastic,
                                 draft_vocab=draft_vocab, draft_quant=draft_quant)
     counts: dict[tuple[int, int], int] = {}
-    for seed in range(3_000):
+    for seed in range(1_500):
         config = GenerationConfig(max_new_tokens=2, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)
         tokens = Generation(target, PROMPT, config, drafter, budget).run().token_ids
         counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1

@@ -93,7 +93,7 @@ def test_errors_are_one_line(tiny_targets):
     with pytest.raises(Exception, match="the prompt is empty"):
         request(prompt="  ")
     with pytest.raises(Exception, match="unknown drafter"):
-        request(drafter="medusa")
+        request(drafter="hydra")
     record = RunRecord(header={})
     producer = Producer(record, lambda: runner.stream(request(target="no-such-model")))
     producer.thread.join(30)

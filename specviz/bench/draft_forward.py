@@ -15,9 +15,9 @@ import sys
 
 import torch
 
-from specviz.bench.verify_cost import time_forward
 from specviz.drafters.lean_llama import lean_forward_for
 from specviz.engine import cache as kv
+from specviz.engine.cost_curve import time_forward
 from specviz.engine.verify import prefill
 from specviz.errors import SpecvizError
 

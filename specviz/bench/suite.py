@@ -57,8 +57,8 @@ def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter], ref
     target = reference or target
     if spec.drafter is None:
         return lambda ids, config: run_hf(target, ids, config)
-    if spec.drafter.startswith("model:"):
-        assistant = drafters[spec.drafter].source_model  # the untrimmed draft (--draft-vocab is specviz's)
+    assistant = getattr(drafters.get(spec.drafter), "source_model", None)  # a draft LM, untrimmed (--draft-vocab is
+    if assistant is not None:                                               # specviz's): assisted generation
         return lambda ids, config: run_hf(target, ids, config, assistant=assistant, assistant_settings=spec.hf_kwargs)
     return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
 

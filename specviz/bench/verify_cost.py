@@ -8,15 +8,10 @@ it on the real target, over a real cached context, so its report says where draf
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
-from specviz.engine import cache as kv
+from specviz.engine.cost_curve import forward_ms
 from specviz.engine.target import Target
-from specviz.engine.verify import masked_forward, prefill
-from specviz.errors import SpecvizError
 
 DEFAULT_WIDTHS = (1, 2, 3, 4, 5, 8, 16)
 
@@ -24,17 +19,6 @@ DEFAULT_WIDTHS = (1, 2, 3, 4, 5, 8, 16)
 def widths_for(k: int, budget: int) -> list[int]:
     """The default widths plus the benchmark's own chain (k + 1) and tree (budget + 1) verify widths."""
     return sorted({*DEFAULT_WIDTHS, k + 1, budget + 1})
-
-
-def time_forward(model, cache, tokens: list[int], past: int, repeats: int) -> list[float]:
-    """Milliseconds of ``repeats`` causal forwards of ``tokens`` after ``past`` cached ones (cropped back each time)."""
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        masked_forward(model, cache, tokens, list(range(past, past + len(tokens))), None)
-        samples.append((time.perf_counter() - started) * 1000)
-        kv.crop_to(cache, past)
-    return samples
 
 
 def weight_bytes(model) -> int:
@@ -68,19 +52,6 @@ def measure(target: Target, context: list[int], widths: list[int], repeats: int 
     The cache is cropped back after every forward, so each one sees the same context length. Returns
     ``[{"width", "ms", "relative"}]`` where ``relative`` is the cost over the narrowest forward (width 1 by default).
     """
-    if not context:
-        raise SpecvizError("verify cost: the context is empty")
-    if not widths or min(widths) < 1 or repeats < 1:
-        raise SpecvizError(f"verify cost: widths and repeats must be at least 1, got {widths} and {repeats}")
-    if len(context) + max(widths) > target.max_positions:
-        raise SpecvizError(f"verify cost: {len(context)} context tokens plus width {max(widths)} exceed the "
-                           f"target's {target.max_positions} positions")
-    cache = kv.new_cache(target.model, len(context) + max(widths), target.name, preallocate=target.preallocated_cache)
-    prefill(target.model, cache, context)
-    past = len(context)
-    filler = (context * (max(widths) // len(context) + 1))[: max(widths)]  # real token ids, never out of range
-    timings: dict[int, float] = {}
-    for width in [widths[0], *widths]:  # the first forward warms up kernels and is not kept
-        timings[width] = statistics.median(time_forward(target.model, cache, filler[:width], past, repeats))
+    timings = forward_ms(target, context, widths, repeats)
     base = timings[min(timings)]
     return [{"width": w, "ms": timings[w], "relative": timings[w] / base} for w in sorted(set(widths))]

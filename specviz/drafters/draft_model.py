@@ -1,6 +1,6 @@
 """An independent draft LM (same tokenizer as the target) drafting a chain or an EAGLE-2-style dynamic tree.
 
-Tree drafting expands level by level: one draft forward per level over the ``width`` best frontier nodes (by
+Tree drafting is ``dynamic_tree.grow``: one draft forward per level over the ``width`` best frontier nodes (by
 cumulative draft log-probability), each adding ``width`` children; finally the ``max_nodes`` best nodes are kept.
 A chain is the width-1 case. Children are the draft's top-w tokens (deterministic), or, for a sampled draft,
 ``width`` draws without replacement in draw order (Gumbel top-k), which is what rejection sampling needs.
@@ -19,8 +19,6 @@ Llama-architecture drafts run through ``lean_llama`` (same weights, same logits,
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass
 
 import torch
 
@@ -29,22 +27,12 @@ from specviz.drafters.lean_llama import lean_forward_for
 from specviz.drafters.quantized import check_draft_quant
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
-from specviz.engine.accept import argmax_rows
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.engine.verify import masked_forward
 from specviz.errors import SpecvizError
-
-
-@dataclass
-class _Node:
-    token: int
-    parent: int  # index into the candidate list, -1 = root
-    depth: int
-    score: float  # cumulative log-probability used for ranking
-    q: float  # the draft's probability of this token at its parent
 
 
 class DraftModelDrafter(Drafter):
@@ -88,11 +76,6 @@ class DraftModelDrafter(Drafter):
     ) -> DraftTree:
         if self._cache is None or self._cached != context[: len(self._cached)]:
             self.begin(context)
-        sampled = not sampling.greedy and (not budget.tree or self.stochastic_tree)
-        width = budget.width if budget.tree else 1
-        depth = budget.depth if budget.tree else budget.k
-        max_nodes = budget.max_nodes if budget.tree else budget.k
-
         new = context[len(self._cached) :]
         start = len(self._cached)
         logits = masked_forward(self.model, self._cache, new, list(range(start, start + len(new))), None,
@@ -100,24 +83,13 @@ class DraftModelDrafter(Drafter):
         self._cached = list(context)
         self._context_length = len(context)
         self._fed = {}
+        grown = dynamic_tree.grow(logits[:, : self.vocab_size], self._expand, budget, sampling, generator,
+                                  self.vocab_size, self.stochastic_tree)
+        new_index = {old: new for new, old in enumerate(grown.kept)}
+        self._fed = {new_index[old]: offset for old, offset in self._fed.items() if old in new_index}
+        return grown.tree
 
-        nodes: list[_Node] = []
-        rows: dict[int, torch.Tensor] = {}  # slot (node + 1) -> draft distribution there
-        frontier = [ROOT]
-        for level in range(1, depth + 1):
-            if level > 1:
-                logits = self._expand(frontier, nodes)
-            for parent, row in zip(frontier, logits):
-                dist, rank = dynamic_tree.distributions(row[None, : self.vocab_size], sampling, self.vocab_size)
-                rows[parent + 1] = dist[0]
-                self._add_children(nodes, parent, rank[0], dist[0], width, sampled, generator)
-            extendable = [i for i, node in enumerate(nodes) if node.depth == level and node.q >= budget.min_draft_prob]
-            if level == depth or not extendable:
-                break
-            frontier = sorted(extendable, key=lambda i: (-nodes[i].score, i))[:width]
-        return self._tree(nodes, rows, max_nodes, sampled)
-
-    def _expand(self, frontier: list[int], nodes: list[_Node]) -> torch.Tensor:
+    def _expand(self, frontier: list[int], nodes: list[dynamic_tree.Candidate]) -> torch.Tensor:
         """One draft forward over the frontier nodes (each sees the context, its fed ancestors and itself)."""
         cached = len(self._cached) + len(self._fed)
         visible = torch.zeros(len(frontier), cached + len(frontier), dtype=torch.bool)
@@ -133,47 +105,8 @@ class DraftModelDrafter(Drafter):
         chain_like = len(frontier) == 1 and bool(visible.all())
         positions = [self._context_length - 1 + nodes[node].depth for node in frontier]
         tokens = [nodes[node].token for node in frontier]
-        return masked_forward(self.model, self._cache, tokens, positions, None if chain_like else visible)
-
-    @staticmethod
-    def _add_children(nodes, parent, rank, dist, width, sampled, generator) -> None:
-        base = 0.0 if parent == ROOT else nodes[parent].score
-        depth = 1 if parent == ROOT else nodes[parent].depth + 1
-        if sampled:
-            support = int((dist > 0).sum())
-            u = torch.rand(dist.shape, generator=generator).clamp_(1e-12, 1.0)
-            keys = dist.clamp_min(1e-30).log() - (-u.log()).log()
-            keys = keys.masked_fill(dist <= 0, float("-inf"))
-            choice = torch.topk(keys, min(width, support)).indices  # draws without replacement, in draw order
-        elif width == 1:  # a chain: numpy's argmax is far cheaper than torch.topk over the vocabulary on CPU
-            choice = torch.tensor(argmax_rows(rank[None]))
-        else:
-            choice = torch.topk(rank, min(width, rank.shape[-1])).indices
-        log_rank = rank[choice].clamp_min(1e-30).log()
-        for token, log_p in zip(choice.tolist(), log_rank.tolist()):
-            nodes.append(_Node(token=token, parent=parent, depth=depth, score=base + log_p, q=float(dist[token])))
-
-    def _tree(self, nodes: list[_Node], rows: dict[int, torch.Tensor], max_nodes: int, sampled: bool) -> DraftTree:
-        """Keep ``max_nodes`` candidates (best scores, or draw-order prefix when sampled) in topological order."""
-        if sampled:
-            keep = list(range(min(max_nodes, len(nodes))))
-        else:
-            keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[:max_nodes])
-        new_index = {old: new for new, old in enumerate(keep)}
-        self._fed = {new_index[old]: offset for old, offset in self._fed.items() if old in new_index}
-        q_dist = torch.zeros(len(keep) + 1, self.vocab_size)
-        q_dist[0] = rows[0]
-        for old, new in new_index.items():
-            if old + 1 in rows:
-                q_dist[new + 1] = rows[old + 1]
-        return DraftTree(
-            tokens=[nodes[i].token for i in keep],
-            parents=[ROOT if nodes[i].parent == ROOT else new_index[nodes[i].parent] for i in keep],
-            q_token=[nodes[i].q for i in keep],
-            confidence=[math.exp(nodes[i].score) for i in keep],  # path product of draft probabilities (EAGLE-2)
-            q_dist=q_dist,
-            sampled=sampled,
-        )
+        logits = masked_forward(self.model, self._cache, tokens, positions, None if chain_like else visible)
+        return logits[:, : self.vocab_size]
 
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         """Keep the KV of accepted nodes that were fed to the draft (a prefix of the path); drop the rest."""

@@ -9,8 +9,8 @@ Children are the drafter's top-w tokens (deterministic, verified with target sam
 ``width`` draws without replacement in draw order (Gumbel top-k), which rejection sampling needs; a sampled tree
 keeps a prefix of the drafting order instead of reranking, so every sibling group stays a prefix of its draws.
 
-The same algorithm as ``draft_model``'s tree (written against a drafter-supplied ``expand`` so feature-reading
-drafters can share it); the nodes drafted and then pruned are reported in ``DraftTree.meta["pruned"]``.
+Written against a drafter-supplied ``expand``, so draft models and feature-reading heads share it; the nodes drafted
+and then pruned are reported in ``DraftTree.meta["pruned"]``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ Heads load from our own folder or from published layouts (``specviz.drafters.eag
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,9 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from specviz.drafters import dynamic_tree
+from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
-from specviz.drafters.eagle_layouts import HeadSpec, TargetShape
+from specviz.drafters.eagle_layouts import HeadSpec
+from specviz.drafters.head_parts import GatedMLP, rotate_half, shallow_copy, target_parts
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget, Drafter
@@ -59,24 +59,13 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(q, spec.hidden_size, bias=False)
 
 
-class _MLP(nn.Module):
-    def __init__(self, spec: HeadSpec):
-        super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _Layer(nn.Module):
     """The head's decoder layer; EAGLE-1's has no input norm, EAGLE-3's adds ``hidden_norm`` for the feature half."""
 
     def __init__(self, spec: HeadSpec):
         super().__init__()
         self.self_attn = _Attention(spec)
-        self.mlp = _MLP(spec)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         if spec.kind == "eagle3":
             self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
@@ -247,8 +236,8 @@ class EagleHead(nn.Module):
         freqs = position_ids.reshape(-1, length).to(x.device)[..., None].float() * inv_freq.to(x.device)
         angles = torch.cat((freqs, freqs), dim=-1)  # as transformers' Llama RoPE computes them
         cos, sin = (angles.cos() * scaling).to(x.dtype)[:, None], (angles.sin() * scaling).to(x.dtype)[:, None]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.update(k, v, 0)
         total = k.shape[-2]
@@ -266,7 +255,7 @@ class EagleHead(nn.Module):
         weight = self.fc.weight
         if not fast_forward.available(str(weight.device), weight.dtype):
             return self
-        fast = _shallow_copy(self, fast_forward.packed_linear)  # packs lm_head too, when the head has its own
+        fast = shallow_copy(self, fast_forward.packed_linear)  # packs lm_head too, when the head has its own
         if self.lm_head is not None or (self.d2t is None and self._borrowed["output_packed"]):
             return fast  # own rows packed above, or the fast target's own (already packed) output layer
         rows = self.output_weight().detach()
@@ -296,32 +285,7 @@ class _StackedKV:
         return self.keys, self.values
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _shallow_copy(module: nn.Module, pack) -> nn.Module:
-    """``module`` and its children copied (tensors shared); each ``nn.Linear`` runs through ``pack``."""
-    new = copy.copy(module)
-    new._modules = {name: None if child is None else _shallow_copy(child, pack)
-                    for name, child in module._modules.items()}
-    if isinstance(module, nn.Linear):
-        new.forward = pack(module.weight, module.bias)
-    return new
-
-
 # ---- building, saving and loading heads -------------------------------------------------------------------------
-def target_parts(model: nn.Module) -> tuple[TargetShape, torch.Tensor, nn.Module]:
-    """(shape, embedding weight, output layer) of a causal LM (``Target.model`` or a loaded HF model)."""
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    output = model.get_output_embeddings()
-    if output is None or not hasattr(output, "weight"):
-        raise SpecvizError(f"{type(model).__name__} has no output layer an EAGLE head can borrow")
-    shape = TargetShape.of(config, vocab_size=int(output.weight.shape[0]))
-    return shape, model.get_input_embeddings().weight, output
-
-
 def spec_for(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = None,
              feature_layers: tuple[int, ...] | None = None, fc_bias: bool | None = None) -> HeadSpec:
     """The spec of a head of ours for ``model``: the target's width, heads, MLP size, norm eps and RoPE.
@@ -420,7 +384,7 @@ def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) 
     """A head from a folder (or a hub id, when the hub is reachable) in any supported layout, checked against the
     target ``model``: hidden size, vocabulary, feature layers, weight names and shapes, and, where the folder
     records or carries the embedding, that it is this target's. Errors are one line naming the source."""
-    folder, name = resolve_source(source)
+    folder, name = checkpoint_files.resolve_source(source, "EAGLE head")
     try:
         config = layouts.read_config(folder)
         tensors = layouts.read_tensors(folder)
@@ -451,30 +415,6 @@ def _check_same_target(config: dict, stored: torch.Tensor | None, embedding: tor
     if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
                                           for a, b in zip(found, expected, strict=True)):
         raise SpecvizError(f"it was trained for {donor}: the target's embedding is not the one it was trained with")
-
-
-def resolve_source(source: str | Path) -> tuple[Path, str]:
-    """(local folder, display name) of a head directory or a hub id (downloaded with the hub helpers' errors)."""
-    from specviz.models import hub
-
-    text = str(source)
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return path, text
-    if path.exists():
-        raise SpecvizError(f"EAGLE head {text}: not a directory")
-    if not hub.looks_like_hub_id(text):
-        raise SpecvizError(f"EAGLE head {text!r}: no such directory, and not a hub id (owner/name)")
-    from huggingface_hub import snapshot_download
-
-    repo, revision = hub.split_revision(text)
-    try:
-        folder = snapshot_download(repo, revision=revision, local_files_only=hub.hub_offline(),
-                                   allow_patterns=["config.json", "*.safetensors", "*.safetensors.index.json",
-                                                   "pytorch_model.bin"])
-    except Exception as error:  # noqa: BLE001 - hub errors come in many types; hub_error words them
-        raise hub.hub_error(text, error) from None
-    return Path(folder), f"hub:{text}"
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
@@ -609,23 +549,9 @@ class EagleDrafter(Drafter):
 
 
 # ---- the family -------------------------------------------------------------------------------------------------
-def shipped_dir(target: str, kind: str) -> Path:
-    """Where the head trained for a target registry name is shipped: ``assets/models/<target>-<kind>``."""
-    from specviz.models.registry import ASSETS_MODELS
-
-    return ASSETS_MODELS / f"{target}-{kind}"
-
-
-def _shipped(kind: str):
-    def checkpoints(target: str) -> list[str]:
-        # the bare spec (``eagle3``) selects the head shipped for the chosen target
-        return [""] if (shipped_dir(target, kind) / "config.json").is_file() else []
-    return checkpoints
-
-
 def _builder(kind: str):
     def build(argument: str, target, settings) -> EagleDrafter:
-        source = argument or shipped_dir(target.name, kind)
+        source = argument or checkpoint_files.shipped_dir(target.name, kind)
         if not argument and not (Path(source) / "config.json").is_file():
             raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name}; give {kind}:<dir or hub id>")
         head = load_head(source, target.model, kind=kind)
@@ -647,7 +573,7 @@ FAMILIES = {kind: register(DrafterFamily(
     feature_layers=lambda num_layers, kind=kind: layouts.default_feature_layers(kind, num_layers),
     features=("`hidden_states[L]` (after the final norm)" if kind == "eagle" else
               "`hidden_states[2]`, `[L//2]`, `[L-3]` (the inputs of layers 2, L//2, L-3)"),
-    checkpoints=_shipped(kind),
+    checkpoints=checkpoint_files.shipped(kind),
     trainer=kind,  # specviz train eagle / eagle3 (specviz.training.trainers.eagle)
     order=30 if kind == "eagle" else 31,
 )) for kind in KINDS}

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from specviz.drafters.checkpoint_files import read_config, read_tensors  # noqa: F401 - re-exported
 from specviz.errors import SpecvizError
 
 DIALECTS = ("specviz", "eagle1-official", "eagle3-official", "eagle3-specforge", "eagle3-speculators")
@@ -413,56 +414,6 @@ def check_draft_ids(ids: torch.Tensor, vocab_size: int) -> None:
 
 
 # ---- files ------------------------------------------------------------------------------------------------------
-def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise SpecvizError(f"{folder} is not a head directory: config.json is missing")
-    try:
-        config = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise SpecvizError(f"{path} is not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise SpecvizError(f"{path} is not a JSON object")
-    return config
-
-
-def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """The head's tensors: safetensors (single file, sharded index or any ``*.safetensors``) preferred;
-    ``pytorch_model.bin`` only through ``torch.load(weights_only=True)``, which refuses arbitrary pickled code."""
-    from safetensors.torch import load_file
-
-    from specviz.models.safetensors_check import validate_safetensors
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        except (ValueError, KeyError, TypeError) as error:
-            raise SpecvizError(f"{index} is not a valid safetensors index ({error})") from None
-    elif (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-    if files:
-        tensors: dict[str, torch.Tensor] = {}
-        for file in files:
-            validate_safetensors(file)
-            tensors.update(load_file(str(file), device="cpu"))
-        return tensors
-    binary = folder / "pytorch_model.bin"
-    if not binary.is_file():
-        raise SpecvizError(f"no model.safetensors or pytorch_model.bin in {folder}")
-    try:
-        loaded = torch.load(str(binary), map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - torch raises many types for unsafe or corrupt pickles
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        raise SpecvizError(f"{binary} is not a plain tensor checkpoint (torch.load with weights_only=True refused "
-                           f"it: {first})") from None
-    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-        raise SpecvizError(f"{binary} does not hold a flat name -> tensor dict")
-    return loaded
-
-
 def write(folder: Path, spec: HeadSpec, state: dict[str, torch.Tensor], dialect: str, *,
           extra_config: dict | None = None, embedding: torch.Tensor | None = None) -> Path:
     """Save ``state`` (our names; ``lm_head.weight`` present for the published EAGLE-3 layouts) in ``dialect``.

@@ -25,12 +25,12 @@ class DraftBudget:
     forwards and verify width on tokens that will mostly be rejected. Drafters without probabilities ignore it.
     """
 
-    tree: bool = False
-    k: int = 4
-    width: int = 4
-    depth: int = 5
-    max_nodes: int = 32
-    min_draft_prob: float = 0.0
+    tree: bool = _SETTINGS["tree"].default  # the defaults are the run settings' (declared once, in settings.py)
+    k: int = _SETTINGS["k"].default
+    width: int = _SETTINGS["width"].default
+    depth: int = _SETTINGS["depth"].default
+    max_nodes: int = _SETTINGS["max_nodes"].default
+    min_draft_prob: float = _SETTINGS["min_draft_prob"].default
 
     def __post_init__(self) -> None:
         for name, (low, high) in LIMITS.items():

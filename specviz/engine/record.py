@@ -64,8 +64,16 @@ def build_round(target: Target, config, tree: DraftTree, logits: torch.Tensor, p
         verify_ms=0.0,
         other_ms=0.0,
         finished=finished,
-        meta=dict(tree.meta),
+        meta=_meta(target, tree.meta, config.detail),
     )
+
+
+def _meta(target: Target, meta: dict, detail: bool) -> dict:
+    """The draft's own notes, with the text of drafted-then-pruned nodes when views want detail."""
+    out = dict(meta)
+    if detail and meta.get("pruned"):
+        out["pruned"] = [{**node, "text": target.piece(node["token"])} for node in meta["pruned"]]
+    return out
 
 
 def top_choices(target: Target, probs: torch.Tensor, k: int) -> list[list[TokenChoice]]:

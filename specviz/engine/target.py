@@ -83,7 +83,7 @@ class Target:
             raise SpecvizError("the prompt is empty")
         if chat:
             if not getattr(self.tokenizer, "chat_template", None):
-                raise SpecvizError(f"{self.name} has no chat template; run without --chat")
+                raise SpecvizError(f"{self.name} has no chat template; run with --no-chat (raw prompt)")
             ids = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
             )

@@ -108,7 +108,8 @@ def train(args: argparse.Namespace) -> dict:
         "data_seconds": data_seconds, "train_seconds": train_seconds,
         "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
         "heldout": metrics, "heldout_prompt_files": file_metrics,
-        "command": command, "student_config": trainer.describe_student(student), "history": history,
+        "command": command, "student_config": trainer.describe_student(student),
+        "trainer_options": getattr(trainer, "opts", {}), "history": history,
     }
     previous = out / "metrics.json"
     if args.resume and previous.is_file():  # a resumed run is reproduced by the chain of commands that made it

@@ -113,6 +113,48 @@ The first {args.prompt_file_holdout} prompts per category of the prompt file, ne
 """
 
 
+EAGLE_KINDS = ("eagle", "eagle3")
+_DRAFT_LM_ABOUT = """An independent draft model for speculative decoding with **{target}** (SmolLM2-135M-Instruct) as
+the target, trained by specviz's `{kind}` trainer: a separate small LM with its own KV cache that never reads
+the target's hidden states. It uses the target's tokenizer: same 49152 ids (the tokenizer files here are a copy)."""
+
+
+def _ttt_steps(summary: dict) -> int:
+    from specviz.training.trainers.eagle import DEFAULTS
+
+    return int(summary.get("trainer_options", {}).get("ttt_steps", DEFAULTS["ttt_steps"]))
+
+
+def _eagle_about(summary: dict, cfg: dict, size_mib: float) -> tuple[str, str]:
+    """(intro, architecture) of an EAGLE-1 or EAGLE-3 head's card."""
+    eagle3 = summary["kind"] == "eagle3"
+    layers = cfg["feature_layers"]
+    named = ", ".join(f"`hidden_states[{i}]`" for i in layers)
+    title = "EAGLE-3" if eagle3 else "EAGLE-1"
+    about = (f"An {title} draft head for speculative decoding with **{summary['target']}** (SmolLM2-135M-Instruct) "
+             f"as the target, trained by specviz's `{summary['kind']}` trainer. It drafts from the target's own "
+             f"hidden states, {named} in Hugging Face's numbering (`hidden_states[i]` is the output of decoder layer "
+             f"i - 1; `[0]` is the embedding), captured by hooks on the target forwards that verification already "
+             f"runs. `--drafter {summary['kind']}` selects it for {summary['target']}; `--tree` drafts EAGLE-2's "
+             f"dynamic tree.")
+    vocab = (f"a reduced draft vocabulary of {cfg['draft_vocab_size']} ids (the most frequent tokens of the "
+             f"training answers and of the target's argmaxes there; `d2t` maps them to target ids, and other tokens "
+             f"get draft probability 0, so verification stays lossless)"
+             if cfg["draft_vocab_size"] < cfg["vocab_size"] else "the full vocabulary")
+    block = (f"`fc` ({len(layers)}·H → H) over the concatenated features, one decoder layer of the target's shape "
+             f"whose attention reads [norm(embedding) ; norm(h)] (2H), its own final norm, then logits over {vocab}"
+             if eagle3 else
+             "`fc` (2H → H) over [embedding of x(t+1) ; feature f(t)], one decoder layer of the target's shape "
+             "without input norm, then the target's output layer")
+    stored = summary.get("trainable_parameters", summary["parameters"]) / 1e6
+    architecture = (f"{block}; hidden {cfg['hidden_size']}, {cfg['num_heads']} heads ({cfg['num_kv_heads']} KV heads), "
+                    f"MLP {cfg['intermediate_size']}.\nThe embedding and the output rows are the target's own: frozen "
+                    f"during training and **not stored here**. `config.json`'s `specviz_shared_weights` names the "
+                    f"donor, and specviz's loader borrows the loaded target's tensors after checking a fingerprint "
+                    f"of its embedding.\n{stored:.1f}M stored parameters, fp16 safetensors ({size_mib:.1f} MiB).")
+    return about, architecture
+
+
 def _architecture(args: argparse.Namespace, cfg: dict, summary: dict, size_mib: float) -> str:
     """The Architecture paragraph: a small Llama from scratch, or a copy of some of the target's layers."""
     shape = (f"hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} heads ({cfg['num_key_value_heads']} KV "
@@ -145,14 +187,27 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
     size = sum(f.stat().st_size for f in dest.glob("*.safetensors")) / 2**20
     trained_prompts = args.prompts + args.extra_prompts
     precision = "; bf16 autocast, fp32 weights" if getattr(args, "autocast", None) else ""
+    head = summary["kind"] in EAGLE_KINDS
+    stdlib = f", and {args.stdlib_files} Python stdlib files" if "stdlib" in args.data else ""
+    if head:
+        about, architecture = _eagle_about(summary, cfg, size)
+    elif summary["kind"] == "draft-lm":
+        about = _DRAFT_LM_ABOUT.format(target=summary["target"], kind=summary["kind"])
+        architecture = _architecture(args, cfg, summary, size)
+    else:  # families without their own card text yet: the trainer's description of the student, verbatim
+        about = (f"A `{summary['kind']}` drafter for speculative decoding with **{summary['target']}**, trained by "
+                 f"specviz's `{summary['kind']}` trainer; `docs/` describes the family.")
+        architecture = (f"`{json.dumps(cfg, sort_keys=True)}`; the target's embedding and output layer are "
+                        f"borrowed, not stored. {size:.1f} MiB of fp16 safetensors.")
+    loss_scope = (" (restricted to the head's draft vocabulary), with training-time test: "
+                  f"{_ttt_steps(summary)} unrolled steps that feed the head its own output, weighted 0.8^i"
+                  if head else "")
     text = f"""# {name}
 
-An independent draft model for speculative decoding with **{summary['target']}** (SmolLM2-135M-Instruct) as the
-target, trained by specviz's `{summary['kind']}` trainer: a separate small LM with its own KV cache that never reads
-the target's hidden states. It uses the target's tokenizer: same 49152 ids (the tokenizer files here are a copy).
+{about}
 
 ## Architecture
-{_architecture(args, cfg, summary, size)}
+{architecture}
 
 ## Data (built by the training command)
 - Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
@@ -161,10 +216,10 @@ the target's hidden states. It uses the target's tokenizer: same 49152 ids (the 
   general questions (science, history, writing, role-play, reasoning, coding).
 {_prompt_file_data(args)}
 - {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,
-  CRLF and licence blocks stripped, and {args.stdlib_files} Python stdlib files) annotated with the target's
+  CRLF and licence blocks stripped{stdlib}) annotated with the target's
   top-{args.topk} probabilities.
 - Loss: cross-entropy to the target's renormalised top-{args.topk} distribution + 0.5 × cross-entropy on the
-  target's argmax (the token greedy verification accepts).
+  target's argmax (the token greedy verification accepts){loss_scope}.
 
 ## Training
 {summary['steps']} steps of AdamW (lr {args.lr}, warmup {args.warmup}, cosine to 10%{precision}), batch
@@ -209,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = json.loads((args.run / "metrics.json").read_text())
     size = export_model(args.run / "final", args.dest)
     name = args.name or args.dest.name
-    engine = [engine_rows_from_bench(json.loads(path.read_text()), f"model:{name}") for path in args.bench]
+    drafter = summary["kind"] if summary["kind"] in EAGLE_KINDS else f"model:{name}"
+    engine = [engine_rows_from_bench(json.loads(path.read_text()), drafter) for path in args.bench]
     write_model_card(args.dest, summary, name=name, engine=engine)
     print(f"wrote {args.dest} ({size / 2**20:.1f} MiB of weights)")
     return 0

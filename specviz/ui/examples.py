@@ -73,19 +73,21 @@ def load_trace(name: str) -> RunRecord:
 
 
 # ---- recording -----------------------------------------------------------------------------------------------
-def record(out_dir: Path, max_new_tokens: int, categories: list[str]) -> list[Path]:
+def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: list[str] | None = None) -> list[Path]:
+    """Record chain and tree traces per category and drafter (default: each family's default and shipped drafters
+    for the default target), plus a sampled stochastic tree for drafters with draft distributions."""
+    from specviz.drafters import registry
     from specviz.ui import runner
     from specviz.ui.state import apply
 
     by_category = {row["category"]: row for row in prompts()}
-    drafters = runner.drafter_choices("smollm2-135m")
-    drafters = [d for d in drafters if d == "ngram" or d.startswith("model:")]
+    drafters = drafters or registry.default_specs("smollm2-135m")
     written = []
     for category in categories:
         row = by_category[category]
         for drafter in drafters:
             shapes = [("chain", {}), ("tree", {"tree": True})]
-            if drafter.startswith("model:"):  # a draft LM has q: also show rejection sampling with residuals
+            if "stochastic_tree" in registry.parse(drafter)[0].reads:  # it has q: show rejection sampling too
                 shapes.append(("tree-sampled", {"tree": True, "temperature": 0.7, "stochastic_tree": True}))
             for shape, extra in shapes:
                 request = runner.RunRequest(prompt=row["turns"][0], chat=True, drafter=drafter,
@@ -113,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", type=Path, default=TRACES)
     rec.add_argument("--max-new-tokens", type=int, default=64)
     rec.add_argument("--categories", default="summarization,coding")
+    rec.add_argument("--drafters", default=None, help="comma list of drafter specs (default: every ready drafter)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    record(args.out, args.max_new_tokens, [c.strip() for c in args.categories.split(",") if c.strip()])
+    split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+    record(args.out, args.max_new_tokens, split(args.categories), split(args.drafters) if args.drafters else None)
     return 0
 
 

@@ -120,7 +120,8 @@ def run_label(record: RunRecord) -> str:
     config = record.header.get("config") or {}
     temperature = config.get("temperature", 0.0)
     sampling = "greedy" if record.greedy else f"T={temperature} top-p={config.get('top_p', 1.0)}"
-    return (f"{origin} · target {record.target_name} · drafter {record.drafter_name} · {record.budget_text} · "
+    reads = f" ({record.drafter_reads})" if record.drafter_reads else ""
+    return (f"{origin} · target {record.target_name} · drafter {record.drafter_name}{reads} · {record.budget_text} · "
             f"{sampling} · seed {config.get('seed')}")
 
 

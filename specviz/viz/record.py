@@ -73,6 +73,15 @@ class RunRecord:
         return drafter.get("name", "?") if isinstance(drafter, dict) else "none (plain decoding)"
 
     @property
+    def drafter_reads(self) -> str:
+        """The target features the drafter reads, in words ("" for drafters that read none)."""
+        drafter = self.header.get("drafter")
+        layers = drafter.get("feature_layers") if isinstance(drafter, dict) else None
+        if not layers:
+            return ""
+        return "reads the target's " + ", ".join(f"hidden_states[{i}]" for i in layers)
+
+    @property
     def budget_text(self) -> str:
         budget = self.header.get("budget") or {}
         if not budget:

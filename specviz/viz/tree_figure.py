@@ -3,6 +3,8 @@
 Depth runs left to right (token labels are wide, trees are shallow); siblings stack top to bottom in draft order.
 The correction or bonus token is its own node, hanging off the last accepted node, so the committed path reads
 root → accepted … → extra along the highlighted edges. A chain is the same picture with one child per node.
+Dynamic trees (EAGLE-2) also report the nodes they drafted and then pruned to the node budget
+(``Round.meta["pruned"]``): those hang faded off their parents, the most confident ``MAX_PRUNED_SHOWN`` of them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from specviz.viz.text import plot_escape as escape
 ROOT, EXTRA = "root", "extra"
 ROOT_COLOR = "#444444"
 EDGE_COLOR = "#c8c8c8"
+PRUNED_COLOR = "#e4e4e4"
+#: Pruned nodes drawn per round, most confident first (a set closed under parents: a child is never more confident).
+MAX_PRUNED_SHOWN = 40
 LEGEND_ORDER = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.UNREACHED, Outcome.CORRECTION, Outcome.BONUS)
 
 
@@ -28,7 +33,20 @@ def tree_graph(round_: Round) -> nx.DiGraph:
     for node, parent in enumerate(round_.parents):
         graph.add_edge(ROOT if parent < 0 else parent, node)
     graph.add_edge(round_.accepted[-1] if round_.accepted else ROOT, EXTRA)
+    for index, node in shown_pruned(round_).items():
+        parent = node["parent"]
+        source = ("pruned", node["pruned_parent"]) if parent is None else (ROOT if parent < 0 else parent)
+        graph.add_edge(source, ("pruned", index))
     return graph
+
+
+def shown_pruned(round_: Round) -> dict[int, dict]:
+    """The pruned nodes drawn: ``meta["pruned"]`` index -> record, the most confident first, parents included."""
+    pruned = round_.meta.get("pruned") or []
+    order = sorted(range(len(pruned)), key=lambda i: (-pruned[i].get("confidence", 0.0), i))
+    chosen = set(order[:MAX_PRUNED_SHOWN])
+    return {i: pruned[i] for i in sorted(chosen)
+            if pruned[i]["parent"] is not None or pruned[i]["pruned_parent"] in chosen}
 
 
 def tree_layout(round_: Round) -> tuple[nx.DiGraph, dict]:
@@ -93,6 +111,13 @@ def _extra_hover(round_: Round) -> str:
     return "<br>".join(lines)
 
 
+def _pruned_hover(node: dict, text: str) -> str:
+    return "<br>".join([f"<b>pruned</b> · depth {node['depth']} · drafted, then cut to the node budget",
+                        f"token {escape(repr(text))} (id {node['token']})",
+                        f"q_draft {fmt_prob(node['q'])} · confidence {fmt_prob(node['confidence'])}",
+                        "never verified: the target did not see it"])
+
+
 def _root_hover(round_: Round, root_text: str | None) -> str:
     lines = [f"<b>round {round_.index}</b> · rule {escape(round_.rule)}" + ("" if round_.lossless else " (LOSSY)"),
              f"drafted {len(round_.tokens)} · accepted {len(round_.accepted)} · committed {len(round_.committed)}",
@@ -131,7 +156,7 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
         if parent in path_nodes and child in path_nodes:
             path_x += [x0, x1, None]
             path_y += [y0, y1, None]
-        elif kind_of.get(child) is Outcome.UNREACHED:
+        elif isinstance(child, tuple) or kind_of.get(child) is Outcome.UNREACHED:
             faint_x += [x0, x1, None]
             faint_y += [y0, y1, None]
         else:
@@ -170,6 +195,16 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
                         line=dict(color="#ffffff", width=1)),
             textfont=dict(color="#222222", size=12),
         ))
+    pruned = [node for node in graph.nodes if isinstance(node, tuple)]
+    if pruned:
+        records = round_.meta["pruned"]
+        texts = [records[i].get("text", f"#{records[i]['token']}") for _, i in pruned]
+        traces.append(dict(
+            type="scatter", x=[pos[n][0] for n in pruned], y=[pos[n][1] for n in pruned], mode="markers+text",
+            text=[label(t) for t in texts], textposition="middle right", hoverinfo="text", name="pruned (not verified)",
+            hovertext=[_pruned_hover(records[i], t) for (_, i), t in zip(pruned, texts, strict=True)],
+            marker=dict(size=10, color=PRUNED_COLOR, line=dict(color="#bbbbbb", width=1)),
+            textfont=dict(color="#aaaaaa", size=11)))
     if selected is not None and selected in pos:
         sx, sy = pos[selected]
         traces.append(dict(type="scatter", x=[sx], y=[sy], mode="markers", hoverinfo="skip", showlegend=False,

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from specviz.errors import SpecvizError
 from specviz.training.trainers.base import FeatureRequest, TrainConfig, Trainer, fit
+from specviz.training.trainers.dflash import DFlashTrainer, DSparkTrainer
 from specviz.training.trainers.draft_lm import DraftLMTrainer
 from specviz.training.trainers.eagle import Eagle3Trainer, EagleTrainer
+from specviz.training.trainers.medusa import MedusaTrainer
+from specviz.training.trainers.mtp import MtpTrainer
 
-TRAINERS: dict[str, type[Trainer]] = {cls.kind: cls for cls in (DraftLMTrainer, EagleTrainer, Eagle3Trainer)}
+TRAINERS: dict[str, type[Trainer]] = {cls.kind: cls for cls in (DraftLMTrainer, EagleTrainer, Eagle3Trainer,
+                                                                  DFlashTrainer, DSparkTrainer, MtpTrainer,
+                                                                  MedusaTrainer)}
 
 
 def get_trainer(kind: str) -> type[Trainer]:

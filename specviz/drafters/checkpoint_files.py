@@ -1,0 +1,124 @@
+"""Where drafter checkpoints live and how their files are read: one place for every family's loader.
+
+A checkpoint is a folder with ``config.json`` and its weights, local or fetched from the hub. Weights are
+safetensors (single file, sharded index or any ``*.safetensors``); a ``.bin`` / ``.pt`` file is read only through
+``torch.load(weights_only=True)``, which refuses pickled code. Shipped checkpoints sit at
+``assets/models/<target>-<family>``. Errors are one line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from specviz.errors import SpecvizError
+
+#: Files fetched from the hub for a drafter checkpoint besides config.json.
+DEFAULT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model.bin")
+
+
+def shipped_dir(target: str, kind: str) -> Path:
+    """Where the drafter of family ``kind`` trained for a target registry name is shipped."""
+    from specviz.models.registry import ASSETS_MODELS
+
+    return ASSETS_MODELS / f"{target}-{kind}"
+
+
+def shipped(kind: str) -> Callable[[str], list[str]]:
+    """A registry ``checkpoints`` function: the bare spec (argument "") when ``kind`` is shipped for the target."""
+    def checkpoints(target: str) -> list[str]:
+        return [""] if (shipped_dir(target, kind) / "config.json").is_file() else []
+    return checkpoints
+
+
+def read_config(folder: Path, what: str = "drafter") -> dict:
+    """``config.json`` of a checkpoint folder, as a dict (one-line errors for a missing or malformed file)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise SpecvizError(f"{folder} is not a {what} directory: config.json is missing")
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise SpecvizError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise SpecvizError(f"{path} is not a JSON object")
+    return config
+
+
+def load_pickle(path: Path) -> dict[str, torch.Tensor]:
+    """A ``.bin`` / ``.pt`` checkpoint through ``torch.load(weights_only=True)`` only (no pickled code runs)."""
+    try:
+        loaded = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - torch raises many types for unsafe or corrupt pickles
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise SpecvizError(f"{path} is not a plain tensor checkpoint (torch.load with weights_only=True refused "
+                           f"it: {first})") from None
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise SpecvizError(f"{path} does not hold a flat name -> tensor dict")
+    return loaded
+
+
+def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder: safetensors preferred, else ``pytorch_model.bin`` via ``load_pickle``."""
+    from safetensors.torch import load_file
+
+    from specviz.models.safetensors_check import validate_safetensors
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError) as error:
+            raise SpecvizError(f"{index} is not a valid safetensors index ({error})") from None
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if files:
+        tensors: dict[str, torch.Tensor] = {}
+        for file in files:
+            validate_safetensors(file)
+            tensors.update(load_file(str(file), device="cpu"))
+        return tensors
+    binary = folder / "pytorch_model.bin"
+    if not binary.is_file():
+        raise SpecvizError(f"no model.safetensors or pytorch_model.bin in {folder}")
+    return load_pickle(binary)
+
+
+def resolve_source(source: str | Path, what: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS,
+                   choose_files: Callable[[Path], list[str]] | None = None) -> tuple[Path, str]:
+    """(local folder, display name) of a checkpoint directory or a hub id, downloaded with the hub helpers' errors.
+
+    ``patterns``: the weight files to fetch. ``choose_files(folder)``, when given, sees the fetched config and
+    index first and names the files actually needed (e.g. only the shards of a big target that hold MTP layers).
+    """
+    from specviz.models import hub
+
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path, text
+    if path.exists():
+        raise SpecvizError(f"{what} {text}: not a directory")
+    if not hub.looks_like_hub_id(text):
+        raise SpecvizError(f"{what} {text!r}: no such directory, and not a hub id (owner/name)")
+    from huggingface_hub import snapshot_download
+
+    repo, revision = hub.split_revision(text)
+    fetch = lambda files: snapshot_download(repo, revision=revision, local_files_only=hub.hub_offline(),  # noqa: E731
+                                            allow_patterns=["config.json", *files])
+    try:
+        if choose_files is None:
+            folder = fetch(patterns)
+        else:
+            folder = fetch(["*.index.json"])
+            folder = fetch(["*.index.json", *(choose_files(Path(folder)) or patterns)])
+    except SpecvizError:
+        raise
+    except Exception as error:  # noqa: BLE001 - hub errors come in many types; hub_error words them
+        raise hub.hub_error(text, error) from None
+    return Path(folder), f"hub:{text}"

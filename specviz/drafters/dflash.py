@@ -1,0 +1,671 @@
+"""Block drafters: DFlash (with DDTree for trees) and DSpark (Markov head, confidence head, scheduled verification).
+
+**The backbone** (z-lab's DFlash): ``fc`` and ``hidden_norm`` turn the target's hidden states of
+several layers (concatenated) into one context vector per committed position. Each of N Qwen3-style decoder layers
+(q/k RMS norms, grouped-query attention, SwiGLU MLP, RoPE) *injects* that context: it projects it with its own
+``k_proj``/``v_proj`` into its KV cache, next to the keys of the block. One forward denoises the block
+[anchor = the last committed token, mask x (b - 1)]: the block's queries attend, without a causal mask, to every
+injected context position and to the whole block. A final ``norm``, then the target's own output layer. The
+embedding and the output layer are the target's (borrowed, never copied into weights or files).
+
+Two conventions (``BlockSpec.anchor_predicts``): z-lab's block position i >= 1 predicts the token at that position
+(b - 1 drafts); DeepSpec / DSpark's every position predicts the *next* token, the anchor's output included (b
+drafts).
+
+**Features**: the drafter injects the features of every committed position before the anchor. The engine hands
+them over after the prefill (the prompt minus its last token) and after each round (the verified pending token and
+the accepted path), so at each round they are exactly the positions before the anchor: the anchor's own feature is
+not known yet, as in z-lab's loop. Each round's forward appends the newly arrived positions' context KV and the
+block's KV to the draft cache, then crops the block away (z-lab's ``draft_cache.crop(start)``), so between rounds the
+cache holds injected context only.
+
+**DFlash** (``DFlashDrafter``) takes each position's argmax: a deterministic (Dirac) draft, verified by the engine's
+target-sampling rule, lossless at any temperature. A chain has min(k, drafts) tokens; with ``--tree`` DDTree
+(``specviz.drafters.ddtree``) grows a tree from the positions' top-w marginals, best first.
+
+**DSpark** (``DSparkDrafter``, deepseek-ai/DeepSpec): the same backbone plus a low-rank **Markov head**, which
+drafts left to right within the block: logit_k = base_k + W2 W1[x_{k-1}] (x_{-1} = the anchor); argmax when
+greedy, otherwise a draw from the run's processed distribution (temperature, top-k, top-p), whose rows are the
+tree's ``q_dist`` so rejection sampling stays exact. A **confidence head** estimates each draft's chance of acceptance,
+c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) with h_k the normed output that the output layer reads; the prefix
+survival s_i = c_1 ... c_i is the tree's ``confidence``. **Confidence-scheduled verification** keeps the prefix
+length l maximising (1 + s_1 + ... + s_l) / cost(1 + l), with ``cost`` this machine's verify-cost curve of the
+target (``specviz.engine.cost_curve``), scanned upward and stopped at the first non-improving l. The cut depends on
+the drafted prefix only, so verification stays lossless (docs/dflash.md says why).
+
+Loaders for our folder and the published layouts: ``specviz.drafters.dflash_layouts``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache
+
+from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
+from specviz.drafters import dflash_layouts as layouts
+from specviz.drafters.checkpoint_files import read_tensors
+from specviz.drafters.dflash_layouts import BlockSpec
+from specviz.drafters.head_parts import GatedMLP, rotate_half, shallow_copy, target_parts
+from specviz.drafters.registry import DrafterFamily, register
+from specviz.engine import cache as kv
+from specviz.engine import cost_curve
+from specviz.engine.accept import argmax_rows
+from specviz.engine.cost_curve import CostCurve
+from specviz.engine.drafter import DraftBudget, Drafter
+from specviz.engine.features import TargetFeatures
+from specviz.engine.loop import MAX_NEW_TOKENS
+from specviz.engine.sampling import SamplingConfig, probabilities, sample
+from specviz.engine.target import Target
+from specviz.engine.tree import DraftTree
+from specviz.errors import SpecvizError
+
+KINDS = ("dflash", "dspark")
+TITLES = {"dflash": "DFlash block drafter", "dspark": "DSpark block drafter"}
+#: SmolLM2 has no mask token. ``<empty_output>`` (id 16) is the last of its reserved code-data specials (Jupyter
+#: "cell without output"): the chat template never emits it, chat answers never contain it, and it is not EOS, so
+#: at a block position it can only mean "to be filled". docs/dflash.md says why this one.
+MASK_TOKEN_TEXT = "<empty_output>"
+SMOLLM2_MASK_TOKEN_ID = 16
+#: Feature numbering, for ``describe``.
+NUMBERING = "hidden_states index (0 = embeddings, i = output of decoder layer i-1)"
+
+
+# ---- the backbone -------------------------------------------------------------------------------------------------
+class _Attention(nn.Module):
+    def __init__(self, spec: BlockSpec):
+        super().__init__()
+        q, kvw = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.q_proj = nn.Linear(spec.hidden_size, q, bias=False)
+        self.k_proj = nn.Linear(spec.hidden_size, kvw, bias=False)
+        self.v_proj = nn.Linear(spec.hidden_size, kvw, bias=False)
+        self.o_proj = nn.Linear(q, spec.hidden_size, bias=False)
+        self.q_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
+
+
+class _Layer(nn.Module):
+    def __init__(self, spec: BlockSpec):
+        super().__init__()
+        self.self_attn = _Attention(spec)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+
+class MarkovHead(nn.Module):
+    """DSpark's vanilla Markov head: a rank-r first-order transition bias W2 W1[x_{k-1}] on the block's logits."""
+
+    def __init__(self, spec: BlockSpec):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(spec.vocab_size, spec.markov_rank)
+        self.markov_w2 = nn.Linear(spec.markov_rank, spec.vocab_size, bias=False)
+
+    def forward(self, previous: torch.Tensor) -> torch.Tensor:
+        """The ``[..., V]`` logit bias after the tokens ``previous``."""
+        return self.markov_w2(self.markov_w1(previous))
+
+
+class ConfidenceHead(nn.Module):
+    """DSpark's confidence head: one linear unit over [h_k] or [h_k ; W1[x_{k-1}]], through a sigmoid."""
+
+    def __init__(self, spec: BlockSpec):
+        super().__init__()
+        self.proj = nn.Linear(spec.confidence_in, 1)
+
+
+class DFlashBackbone(nn.Module):
+    """The DFlash backbone over a target's features; a DSpark drafter is this backbone with its ``markov_head``
+    and ``confidence_head`` attached (so the state dict keeps the published flat names).
+
+    ``embedding``: the target's input embedding weight ``[V, H]``; ``output``: the target's output layer (a module
+    whose ``weight`` is ``[V, H]``). Neither is a parameter or buffer: never trained, moved, saved or counted.
+    """
+
+    def __init__(self, spec: BlockSpec, embedding: torch.Tensor, output: nn.Module):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.spec = spec
+        self.fc = nn.Linear(len(spec.feature_layers) * spec.hidden_size, spec.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.layers = nn.ModuleList(_Layer(spec) for _ in range(spec.num_layers))
+        self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.markov_head = MarkovHead(spec) if spec.markov_rank else None
+        self.confidence_head = ConfidenceHead(spec) if spec.confidence_head else None
+        if embedding.shape != (spec.vocab_size, spec.hidden_size):
+            raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the drafter needs "
+                               f"[{spec.vocab_size}, {spec.hidden_size}]")
+        rope_config = LlamaConfig(hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
+                                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                                  rope_parameters=dict(spec.rope), max_position_embeddings=spec.max_position_embeddings)
+        rotary = LlamaRotaryEmbedding(rope_config)
+        # float32 frequencies outside the module's buffers: a ``.to(float16)`` for saving must not round them
+        self._rope = (rotary.inv_freq.detach().float().clone(), float(rotary.attention_scaling))
+        self._borrowed = {"embedding": embedding.detach(), "output": output}
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.spec.feature_layers
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The target's embedding of ``token_ids``, in the drafter's dtype (frozen: borrowed)."""
+        weight = self._borrowed["embedding"]
+        return F.embedding(token_ids.to(weight.device), weight).to(self.fc.weight.dtype)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """``hidden_norm(fc(features))``: the injected context of ``[B, C, layers x H]`` target features."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def forward(self, context: torch.Tensor | None, block_ids: torch.Tensor, context_positions: torch.Tensor,
+                block_positions: torch.Tensor, *, cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One block forward; returns the final-normed outputs ``[B, T, H]`` at the block's T positions.
+
+        ``context``: ``[B, C, layers x H]`` target features of positions not injected yet (C may be 0: None);
+        ``block_ids``: ``[B, T]`` tokens of the block ([anchor, mask, ...]); ``*_positions``: their RoPE positions,
+        ``[B, C]`` / ``[B, T]`` or unbatched. ``cache``: anything with ``update(keys, values, layer_idx)`` (a
+        ``DynamicCache``) holding earlier injected context. ``mask``: bool, True = attend, broadcastable to
+        ``[B, heads, T, cached + C + T]``; None lets the block see everything (DFlash's non-causal block).
+        """
+        h = self.embed(block_ids)
+        batch, length, _ = h.shape
+        ctx = self.project(context) if context is not None and context.shape[1] else h[:, :0]
+        positions = block_positions.reshape(-1, length).expand(batch, -1)
+        if ctx.shape[1]:
+            positions = torch.cat([context_positions.reshape(-1, ctx.shape[1]).expand(batch, -1), positions], dim=1)
+        positions = positions.to(h.device)
+        cos, sin = self._rotation(positions, h.dtype)
+        for index, layer in enumerate(self.layers):
+            h = h + self._attend(layer, layer.input_layernorm(h), ctx, cos, sin, cache, index, mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
+
+    def _rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq, scaling = self._rope
+        freqs = positions[..., None].float() * inv_freq.to(positions.device)
+        angles = torch.cat((freqs, freqs), dim=-1)  # as transformers' Llama/Qwen3 RoPE computes them
+        return (angles.cos() * scaling).to(dtype)[:, None], (angles.sin() * scaling).to(dtype)[:, None]
+
+    def _attend(self, layer: _Layer, x: torch.Tensor, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache, index: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """KV injection: keys and values of [context ; block] from this layer's projections; queries of the block."""
+        spec, attn = self.spec, layer.self_attn
+        batch, length, _ = x.shape
+        both = torch.cat([ctx, x], dim=1)
+        q = attn.q_norm(attn.q_proj(x).view(batch, length, spec.num_heads, spec.head_dim)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(both).view(batch, -1, spec.num_kv_heads, spec.head_dim)).transpose(1, 2)
+        v = attn.v_proj(both).view(batch, -1, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        q = q * cos[..., -length:, :] + rotate_half(q) * sin[..., -length:, :]
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(k, v, index)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=spec.num_kv_heads != spec.num_heads)
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Base logits ``[..., V]`` of normed outputs, through the target's output layer."""
+        layer = self._borrowed["output"]
+        return layer(hidden.to(layer.weight.dtype)).to(hidden.dtype)
+
+    def markov_bias(self, previous: torch.Tensor) -> torch.Tensor | None:
+        """W2 W1[previous] (None without a Markov head)."""
+        return None if self.markov_head is None else self.markov_head(previous.to(self.fc.weight.device))
+
+    def confidence(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor | None:
+        """c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) (``[...]``, None without a confidence head)."""
+        if self.confidence_head is None:
+            return None
+        if self.spec.confidence_with_markov:
+            hidden = torch.cat([hidden, self.markov_head.markov_w1(previous.to(hidden.device))], dim=-1)
+        return torch.sigmoid(self.confidence_head.proj(hidden).squeeze(-1).float())
+
+    def forward_blocks(self, features: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Training's view of drafting: one block per anchor, all in one forward.
+
+        ``features``: ``[B, L, layers x H]`` target features of positions 0..L-1; ``input_ids``: ``[B, L]``;
+        ``anchors``: ``[B, A]`` anchor positions (each < L). Block m is [x_{a_m}, mask ...] at positions
+        a_m .. a_m + b - 1 and sees the context positions < a_m and its own block, exactly what drafting after
+        committed position a_m sees. Returns ``[B, A, drafts, H]``: draft j of block m predicts the token at
+        a_m + 1 + j.
+        """
+        spec, (batch, count) = self.spec, anchors.shape
+        size, length, device = spec.block_size, features.shape[1], features.device
+        offsets = torch.arange(size, device=device)
+        block_ids = torch.full((batch, count, size), spec.mask_token_id, dtype=torch.long, device=device)
+        block_ids[:, :, 0] = input_ids.gather(1, anchors)
+        block_positions = (anchors[..., None] + offsets).reshape(batch, -1)
+        sees_context = torch.arange(length, device=device) < anchors[..., None]  # [B, A, L]
+        owner = torch.arange(count, device=device).repeat_interleave(size)
+        sees_block = owner[:, None] == owner[None, :]  # [A*b, A*b]
+        mask = torch.cat([sees_context.repeat_interleave(size, dim=1),
+                          sees_block.expand(batch, -1, -1)], dim=2)[:, None]
+        out = self(features, block_ids.reshape(batch, -1), torch.arange(length, device=device), block_positions,
+                   mask=mask)
+        return out.reshape(batch, count, size, -1)[:, :, spec.first_output:]
+
+    def for_inference(self) -> DFlashBackbone:
+        """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run (as
+        the fast target path does); the module itself stays trainable."""
+        from specviz.models import fast_forward
+
+        weight = self.fc.weight
+        if not fast_forward.available(str(weight.device), weight.dtype):
+            return self
+        return shallow_copy(self, fast_forward.packed_linear)
+
+
+# ---- building, saving and loading ---------------------------------------------------------------------------------
+def mask_token_for(tokenizer) -> int:
+    """The mask id for a target: its tokenizer's mask token, else SmolLM2's ``<empty_output>`` where the
+    vocabulary has it; a one-line error otherwise (give ``mask_token_id``)."""
+    mask = getattr(tokenizer, "mask_token_id", None)
+    if isinstance(mask, int):
+        return mask
+    found = tokenizer.convert_tokens_to_ids(MASK_TOKEN_TEXT) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+    if isinstance(found, int) and found != getattr(tokenizer, "unk_token_id", None):
+        return found
+    raise SpecvizError(f"this target's tokenizer has no mask token and no {MASK_TOKEN_TEXT}; choose an unused token id "
+                       f"and pass it as mask_token_id")
+
+
+def spec_for(model: nn.Module, kind: str, *, mask_token_id: int, block_size: int | None = None, num_layers: int = 1,
+             feature_layers: tuple[int, ...] | None = None, anchor_predicts: bool | None = None,
+             markov_rank: int = 64, confidence_head: bool = True) -> BlockSpec:
+    """The spec of a drafter of ours for ``model``: the target's width, heads, MLP size, norm eps and RoPE.
+
+    ``kind`` ``dflash``: z-lab's convention (block 8: 7 drafts), no heads. ``dspark``: DeepSpec's convention
+    (block 7: 7 drafts), a Markov head of rank ``markov_rank`` and a confidence head reading it.
+    """
+    if kind not in KINDS:
+        raise SpecvizError(f"unknown block drafter kind {kind!r}; expected one of {', '.join(KINDS)}")
+    shape, _, _ = target_parts(model)
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    heads = int(config.num_attention_heads)
+    rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default",
+                                                              "rope_theta": getattr(config, "rope_theta", 10000.0)})
+    dspark = kind == "dspark"
+    return BlockSpec(
+        hidden_size=shape.hidden_size, intermediate_size=int(config.intermediate_size), num_layers=num_layers,
+        num_heads=heads, num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or shape.hidden_size // heads),
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)), vocab_size=shape.vocab_size,
+        block_size=block_size or (7 if dspark else 8), mask_token_id=mask_token_id,
+        feature_layers=tuple(feature_layers or layouts.default_feature_layers(shape.num_layers)),
+        num_target_layers=shape.num_layers, anchor_predicts=dspark if anchor_predicts is None else anchor_predicts,
+        markov_rank=markov_rank if dspark else 0, confidence_head=dspark and confidence_head,
+        confidence_with_markov=dspark and confidence_head and markov_rank > 0, rope=rope,
+        max_position_embeddings=int(getattr(config, "max_position_embeddings", 8192) or 8192))
+
+
+def build_model(model: nn.Module, spec: BlockSpec, state: dict[str, torch.Tensor] | None = None) -> DFlashBackbone:
+    """A drafter for ``spec`` on ``model``'s device, borrowing its embedding and output layer; ``state`` loads
+    weights (float32)."""
+    _, embedding, output = target_parts(model)
+    drafter = DFlashBackbone(spec, embedding, output).to(embedding.device)
+    if state is not None:
+        drafter.load_state_dict({k: v.to(embedding.device, torch.float32) for k, v in state.items()}, strict=True)
+    return drafter
+
+
+def new_model(model: nn.Module, kind: str, *, seed: int | None = None, dtype: torch.dtype = torch.float32,
+              **spec_options) -> DFlashBackbone:
+    """A freshly initialised drafter of ours for the target ``model`` (``spec_options``: see ``spec_for``)."""
+    spec = spec_for(model, kind, **spec_options)
+    layouts.check_fits(spec, target_parts(model)[0])
+    state = torch.random.get_rng_state()
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        drafter = build_model(model, spec)
+        for module in drafter.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+    finally:
+        if seed is not None:
+            torch.random.set_rng_state(state)
+    return drafter.to(dtype=dtype)
+
+
+def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, layout: str = "specviz",
+                 dtype: torch.dtype | None = None) -> Path:
+    """Write ``drafter`` as a loadable folder: our layout by default (borrowed tensors recorded, not stored, with the
+    target embedding's fingerprint), or a published layout (``dflash_layouts.DIALECTS``) for interop."""
+    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
+
+    dtype = dtype or drafter.fc.weight.dtype
+    state = {k: v.to(dtype) for k, v in drafter.state_dict().items()}
+    embedding = drafter._borrowed["embedding"]
+    if layout == "specviz":
+        record = {CONFIG_KEY: {"from": target_name, "tensors": ["embedding", "output"],
+                               "fingerprint": fingerprint(embedding)}}
+        return layouts.write(Path(folder), drafter.spec, state, layout, extra_config=record)
+    borrowed = {layouts.EMBEDDING_KEY: embedding.to(dtype),
+                layouts.OUTPUT_KEY: drafter._borrowed["output"].weight.detach().to(dtype)}
+    return layouts.write(Path(folder), drafter.spec, state, layout, borrowed=borrowed)
+
+
+def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = None) -> DFlashBackbone:
+    """A drafter from a folder (or a hub id, when the hub is reachable) in any supported layout, checked against the
+    target ``model``: hidden size, vocabulary, depth, feature layers, weight names and shapes, and, where the folder
+    records or carries them, that the embedding and output layer are this target's. One-line errors naming the
+    source."""
+    folder, name = checkpoint_files.resolve_source(source, "block drafter")
+    try:
+        config = layouts.read_config(folder)
+        dialect = layouts.dialect_of(config)
+        shape, embedding, output = target_parts(model)
+        spec = layouts.block_spec(config, shape, dialect)
+        if kind is not None and spec.kind != kind:
+            raise SpecvizError(f"it is a {TITLES[spec.kind]}, not a {TITLES[kind]}; load it as {spec.kind}:")
+        state, borrowed = layouts.to_state(read_tensors(folder), spec)
+        _check_same_target(config, borrowed, embedding, output.weight)
+        return build_model(model, spec, state)
+    except SpecvizError as error:
+        raise SpecvizError(f"block drafter {name}: {error}") from None
+
+
+def _check_same_target(config: dict, borrowed: dict[str, torch.Tensor], embedding: torch.Tensor,
+                       output: torch.Tensor) -> None:
+    """The recorded fingerprint (ours) or the carried copies (DeepSpec) must be this target's tensors."""
+    from specviz.models.shared_embedding import fingerprint, spec_of
+
+    record = spec_of(config)
+    if record is not None:
+        donor = record.get("from", "another target")
+        _same(embedding, record.get("fingerprint") or [],
+              f"it was trained for {donor}: the target's embedding is not the one it was trained with")
+    for key, mine in ((layouts.EMBEDDING_KEY, embedding), (layouts.OUTPUT_KEY, output)):
+        stored = borrowed.get(key)
+        if stored is None:
+            continue
+        if tuple(stored.shape) != tuple(mine.shape):
+            raise SpecvizError(f"its {key} is {list(stored.shape)}, the target's {list(mine.shape)}")
+        _same(mine, fingerprint(stored), f"it was trained for another model: its {key} is not this target's")
+
+
+def _same(tensor: torch.Tensor, expected: list[float], message: str) -> None:
+    """``tensor``'s fingerprint matches ``expected`` within a bf16 copy's rounding, else ``message``."""
+    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint
+
+    found = fingerprint(tensor)
+    if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
+                                          for a, b in zip(found, expected, strict=True)):
+        raise SpecvizError(message)
+
+
+# ---- the drafters -------------------------------------------------------------------------------------------------
+class BlockDrafter(Drafter):
+    """What DFlash and DSpark share: the injected-context cache and one block forward per round.
+
+    ``vocab_size``: the target's logits width. ``pack``: run the drafter through pre-packed CPU kernels (same
+    weights; a separate copy of the module, the given one stays trainable).
+    """
+
+    kind = "dflash"
+
+    def __init__(self, model: DFlashBackbone, vocab_size: int, name: str | None = None, pack: bool = True):
+        if model.spec.vocab_size != vocab_size:
+            raise SpecvizError(f"the drafter drafts over {model.spec.vocab_size} ids but the target's logits have "
+                               f"{vocab_size}")
+        self.model = model.eval()
+        self.runner = model.for_inference() if pack else self.model
+        self.spec = model.spec
+        self.vocab_size = vocab_size
+        self.name = name or self.kind
+        self.feature_layers = tuple(model.feature_layers)
+        self._cache: DynamicCache | None = None
+        self._pending: list[torch.Tensor] = []  # features of positions injected, injected + 1, ...
+        self._features_end = 0  # the next position whose feature the engine will hand over
+        self._injected = 0  # context positions 0 .. injected - 1 are in the draft cache
+        self._device = model.fc.weight.device
+
+    @property
+    def draft_cache(self) -> DynamicCache | None:
+        return self._cache
+
+    def describe(self) -> dict:
+        spec = self.spec
+        return {"name": self.name, "kind": self.kind, "block_size": spec.block_size, "drafts": spec.drafts,
+                "anchor_predicts": spec.anchor_predicts, "mask_token_id": spec.mask_token_id,
+                "feature_layers": list(self.feature_layers), "feature_numbering": NUMBERING,
+                "draft_layers": spec.num_layers}
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self._cache = DynamicCache()  # preallocated layers: cropping the block away is a length change
+        capacity = len(prompt_ids) + MAX_NEW_TOKENS + self.spec.block_size + 1
+        self._cache.layers = [kv.PreallocatedLayer(capacity) for _ in range(self.spec.num_layers)]
+        self._pending, self._features_end, self._injected = [], 0, 0
+
+    def observe(self, features: TargetFeatures) -> None:
+        if self._cache is None:
+            raise SpecvizError(f"the {self.kind} drafter got target features before begin()")
+        if features.start != self._features_end:
+            raise SpecvizError(f"target features arrived for position {features.start}, expected "
+                               f"{self._features_end}: the engine and the drafter lost step")
+        if tuple(features.layers) != self.feature_layers:
+            raise SpecvizError(f"target features of layers {list(features.layers)}, the drafter reads "
+                               f"{list(self.feature_layers)}")
+        self._pending.append(features.hidden.reshape(len(features), -1).to(self._device, self.model.fc.weight.dtype))
+        self._features_end += len(features)
+
+    @torch.inference_mode()
+    def block(self, context: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Denoise the block after ``context``: (``[drafts, H]`` normed outputs, ``[drafts, V]`` float32 base logits).
+
+        Injects the context features that arrived since the last round (every position before the anchor), then
+        crops the block's entries away so the cache holds injected context only.
+        """
+        if self._cache is None:
+            self.begin(context)
+        anchor = len(context) - 1
+        if self._features_end != anchor:
+            raise SpecvizError(f"the {self.kind} drafter has target features up to position {self._features_end - 1}; "
+                               f"it needs every position before the anchor at {anchor} (start a new generation)")
+        pending = (torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]) if self._pending else None
+        block_ids = torch.full((1, self.spec.block_size), self.spec.mask_token_id, device=self._device)
+        block_ids[0, 0] = context[-1]
+        out = self.runner(None if pending is None else pending[None], block_ids,
+                          torch.arange(self._injected, anchor, device=self._device),
+                          torch.arange(anchor, anchor + self.spec.block_size, device=self._device), cache=self._cache)
+        kv.crop_to(self._cache, anchor)
+        self._injected, self._pending = anchor, []
+        hidden = out[0, self.spec.first_output:]
+        return hidden, self.runner.logits(hidden).float()
+
+    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        """Nothing to roll back: the block's entries were cropped right after its forward."""
+        if self._cache is not None:
+            kv.crop_to(self._cache, self._injected)
+
+    def _block_meta(self, tokens: list[int], q: list[float]) -> dict:
+        """What the views draw for the block: its size and each position's draft token and probability."""
+        return {"size": self.spec.block_size, "drafts": self.spec.drafts, "anchor_predicts": self.spec.anchor_predicts,
+                "tokens": tokens, "q": [round(p, 6) for p in q]}
+
+
+class DFlashDrafter(BlockDrafter):
+    """DFlash: the block's argmax as a chain, or DDTree over its marginals with ``--tree``; deterministic drafts."""
+
+    kind = "dflash"
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator) -> DraftTree:
+        _, logits = self.block(context)
+        q, _ = dynamic_tree.distributions(logits, sampling, self.vocab_size)  # softmax when greedy, else processed
+        best = argmax_rows(logits)
+        meta = {"block": self._block_meta(best, q[torch.arange(len(best)), best].tolist())}
+        if budget.tree:
+            return self._ddtree(q, budget, meta)
+        tokens = best[: min(budget.k, self.spec.drafts)]
+        q_token = [float(q[i, t]) for i, t in enumerate(tokens)]
+        rows = torch.zeros(len(tokens) + 1, self.vocab_size)
+        rows[: min(len(tokens) + 1, len(q))] = q[: len(tokens) + 1]
+        return DraftTree.chain(tokens, q_token=q_token, q_dist=rows, sampled=False,
+                               confidence=_cumulative_product(q_token), meta=meta)
+
+    def _ddtree(self, q: torch.Tensor, budget: DraftBudget, meta: dict) -> DraftTree:
+        depth = min(budget.depth, self.spec.drafts)
+        top_logq, top_ids = ddtree.top_candidates(q[:depth].log(), budget.width)
+        built = ddtree.build(top_logq, top_ids, budget.max_nodes)
+        rows = torch.zeros(len(built.tokens) + 1, self.vocab_size)
+        rows[0] = q[0]
+        for node, node_depth in enumerate(built.depths):
+            if node_depth < len(q):  # the marginal of the position after this node's
+                rows[node + 1] = q[node_depth]
+        meta["ddtree"] = {"width": budget.width, "depth": depth, "ranks": built.ranks}
+        return DraftTree(tokens=built.tokens, parents=built.parents,
+                         q_token=[float(q[d - 1, t]) for d, t in zip(built.depths, built.tokens)], q_dist=rows,
+                         sampled=False, confidence=built.confidence, meta=meta)
+
+
+class DSparkDrafter(BlockDrafter):
+    """DSpark: Markov-corrected drafts left to right within the block, confidence-scheduled verification.
+
+    ``schedule``: cut each round's chain at the length the confidence schedule chooses (False: verify every draft
+    the budget allows). ``cost_curve``: the target's verify cost per width (``CostCurve``; None: flat, which keeps
+    every draft with a positive survival). Under ``--tree`` it still drafts a chain, of up to ``depth`` tokens
+    (DDTree is DFlash's).
+    """
+
+    kind = "dspark"
+
+    def __init__(self, model: DFlashBackbone, vocab_size: int, name: str | None = None, *, schedule: bool = True,
+                 cost_curve: CostCurve | None = None, pack: bool = True):
+        super().__init__(model, vocab_size, name, pack)
+        self.schedule = schedule
+        self.cost_curve = cost_curve or CostCurve.flat("flat (no curve given)")
+
+    def describe(self) -> dict:
+        spec = self.spec
+        return {**super().describe(), "markov_rank": spec.markov_rank, "markov_type": spec.markov_type,
+                "confidence_head": spec.confidence_head, "schedule": self.schedule,
+                "cost_curve": self.cost_curve.to_dict()}
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator) -> DraftTree:
+        hidden, base = self.block(context)
+        cap = min(budget.max_depth, self.spec.drafts)
+        tokens, rows, heads = self._draft(context[-1], hidden, base, cap, sampling, generator)
+        q_token = [float(rows[i, t]) for i, t in enumerate(tokens)]
+        # ĉ_k must not depend on x_k itself, or cutting on it would bias sampled output: the confidence head reads
+        # [h_k ; W1[x_{k-1}]]; without one, the mode's probability of the row x_k is drawn from stands in
+        estimates = heads if heads is not None else [float(row.max()) for row in rows]
+        survival = _cumulative_product(estimates)
+        plan = cost_curve.best_prefix(survival, self.cost_curve, cap) if self.schedule else None
+        length = plan.length if plan is not None else cap
+        q_dist = torch.zeros(length + 1, self.vocab_size)
+        q_dist[: min(length + 1, cap)] = rows[: length + 1]
+        meta = {"block": self._block_meta(tokens, q_token), "survival": [round(s, 6) for s in survival],
+                "confidence_head": None if heads is None else [round(c, 6) for c in heads],
+                "verify_length": length, "schedule": None if plan is None else
+                {**plan.to_dict(), "curve": self.cost_curve.source}}
+        return DraftTree.chain(tokens[:length], q_token=q_token[:length], q_dist=q_dist,
+                               sampled=not sampling.greedy, confidence=survival[:length], meta=meta)
+
+    def _draft(self, anchor: int, hidden: torch.Tensor, base: torch.Tensor, count: int, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[list[int], torch.Tensor, list[float] | None]:
+        """Left to right: x_k from base_k + W2 W1[x_{k-1}] (x_{-1} = anchor), argmax or drawn. Returns the tokens,
+        the ``[count, V]`` distributions they came from (softmax when greedy) and the confidence head's c_k."""
+        model = self.runner
+        tokens: list[int] = []
+        rows = torch.zeros(count, self.vocab_size)
+        heads: list[float] | None = [] if model.confidence_head is not None else None
+        previous = anchor
+        for k in range(count):
+            prev = torch.tensor(previous, device=self._device)
+            logits = base[k]
+            bias = model.markov_bias(prev)
+            if bias is not None:
+                logits = logits + bias.float()
+            if heads is not None:
+                heads.append(float(model.confidence(hidden[k], prev)))
+            if sampling.greedy:
+                rows[k] = logits.float().cpu().softmax(-1)
+                previous = argmax_rows(logits[None])[0]
+            else:
+                rows[k] = probabilities(logits.cpu(), sampling)
+                previous = sample(rows[k], generator)
+            tokens.append(previous)
+        return tokens, rows, heads
+
+
+def _cumulative_product(values: list[float]) -> list[float]:
+    out, running = [], 1.0
+    for value in values:
+        running *= value
+        out.append(running)
+    return out
+
+
+# ---- the families -----------------------------------------------------------------------------------------------
+#: ``dspark:fixed[:<source>]`` verifies every draft the budget allows (no schedule).
+FIXED = "fixed"
+
+
+def split_argument(kind: str, argument: str) -> tuple[str, bool]:
+    """(source, scheduled) of a spec's argument: DSpark's ``fixed`` prefix turns the schedule off."""
+    if kind == "dspark" and (argument == FIXED or argument.startswith(FIXED + ":")):
+        return argument[len(FIXED) + 1:], False
+    return argument, kind == "dspark"
+
+
+def _builder(kind: str):
+    def build(argument: str, target: Target, settings: Mapping[str, Any]) -> BlockDrafter:
+        source, scheduled = split_argument(kind, argument)
+        folder = source or checkpoint_files.shipped_dir(target.name, kind)
+        if not source and not (Path(folder) / "config.json").is_file():
+            raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name} yet; give {kind}:<dir or hub id>")
+        model = load_drafter(folder, target.model, kind=kind)
+        name = f"{kind}:{argument}" if argument else kind
+        if kind == "dflash":
+            return DFlashDrafter(model, target.vocab_size, name=name)
+        curve = measured_curve(target, model.spec.drafts + 1) if scheduled else None
+        return DSparkDrafter(model, target.vocab_size, name=name, schedule=scheduled, cost_curve=curve)
+    return build
+
+
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {widest: CostCurve}
+
+
+def measured_curve(target: Target, widest: int) -> CostCurve:
+    """The target's verify-cost curve up to ``widest`` tokens, timed once per target model in this process (the
+    app builds a drafter per run; the machine does not change between runs)."""
+    curves = _CURVES.setdefault(target.model, {})
+    if widest not in curves:
+        curves[widest] = cost_curve.measure(target, widest)
+    return curves[widest]
+
+
+FEATURES = ("`hidden_states[id + 1]` for DFlash's `build_target_layer_ids(L, 5)` ids (L = 30: `hidden_states[2]`, "
+            "`[9]`, `[15]`, `[21]`, `[28]`)")
+DESCRIPTIONS = {
+    "dflash": "drafts a whole block in one forward from five target layers injected into its KV cache (z-lab "
+              "DFlash); --tree grows DDTree from the block's marginals; bare name: the drafter shipped for the target",
+    "dspark": "DFlash's block plus a Markov head (left-to-right correction) and a confidence head whose prefix "
+              "survival chooses how many drafts to verify on this machine's verify-cost curve (DSpark); "
+              "dspark:fixed[:<dir|hub id>] verifies them all; bare name: the drafter shipped for the target",
+}
+
+FAMILIES = {kind: register(DrafterFamily(
+    name=kind,
+    syntax=f"{kind}[:<dir|hub id>]",
+    title=TITLES[kind],
+    description=DESCRIPTIONS[kind],
+    build=_builder(kind),
+    feature_layers=layouts.default_feature_layers,
+    features=FEATURES,
+    checkpoints=checkpoint_files.shipped(kind),
+    trainer=kind,  # specviz train dflash / dspark (specviz.training.trainers.dflash)
+    order=40 if kind == "dflash" else 41,
+)) for kind in KINDS}

@@ -1,0 +1,54 @@
+"""Pieces every feature-reading drafter is built from: the target's borrowed parts, a SwiGLU MLP, RoPE's rotation
+and the packed-kernel copy used for inference. One definition each (EAGLE, MTP, Medusa, DFlash/DSpark share them).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specviz.drafters.eagle_layouts import TargetShape
+from specviz.errors import SpecvizError
+
+
+def target_parts(model: nn.Module) -> tuple[TargetShape, torch.Tensor, nn.Module]:
+    """(shape, embedding weight, output layer) of a causal LM (``Target.model`` or a loaded HF model): what a
+    drafter borrows instead of storing copies."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    output = model.get_output_embeddings()
+    if output is None or not hasattr(output, "weight"):
+        raise SpecvizError(f"{type(model).__name__} has no output layer a drafter can borrow")
+    shape = TargetShape.of(config, vocab_size=int(output.weight.shape[0]))
+    return shape, model.get_input_embeddings().weight, output
+
+
+class GatedMLP(nn.Module):
+    """The Llama/Qwen MLP, ``down(silu(gate(x)) * up(x))``, with the published weight names."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotation of the last dimension's two halves (the HF convention)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def shallow_copy(module: nn.Module, pack) -> nn.Module:
+    """``module`` and its children copied (tensors shared); each ``nn.Linear`` runs through ``pack``."""
+    new = copy.copy(module)
+    new._modules = {name: None if child is None else shallow_copy(child, pack)
+                    for name, child in module._modules.items()}
+    if isinstance(module, nn.Linear):
+        new.forward = pack(module.weight, module.bias)
+    return new

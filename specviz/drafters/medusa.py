@@ -1,0 +1,490 @@
+"""Medusa heads (Cai et al. 2024): extra heads on the target's last hidden state, drafting a static tree.
+
+Head i is ``num_layers`` residual blocks ``x + SiLU(Linear(x))`` and an output layer (its own, or the target's,
+borrowed); on the feature of position t it predicts x[t+2+i] (the target's own head predicts x[t+1]).
+
+**Which feature, which head.** The engine hands over the feature of a position once a verify forward has seen
+it, so when the drafter proposes after ``context`` (P = len(context) - 1 is the pending token, the target's own
+choice from the last round) the newest known feature is the one of position P - 1: the position whose output the
+target used to choose the pending token. That is Medusa's own arrangement: its tree root is the base model's
+prediction from the last accepted position, and its heads read that same position. So depth 1 (token P + 1) is
+head 0 on the feature of P - 1, and depth d is head d - 1; the heads never see the pending token, they assume
+it. ``DraftTree.meta["head"]`` records the head of each node, and ``acceptance_by_label`` turns rounds into
+per-head acceptance.
+
+**Trees.** A chain is the top-1 path. ``--tree`` drafts a static tree from a choices list in Medusa's format (a
+list of rank paths: ``(0, 1)`` = head 0's top token, then head 1's second), the one shipped with the heads or, for
+heads without one, ``default_choices``; the budget cuts it (depth, ranks below width, the first max_nodes in list
+order). ``derive_choices`` builds a list from measured per-head top-k accuracy (the Medusa recipe). Nodes are
+deterministic (top-k), so sampled verification draws from the target (lossless for any proposal).
+
+Loaders for the published layouts are in ``specviz.drafters.medusa_layouts``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specviz.drafters import checkpoint_files, dynamic_tree, mtp_layouts
+from specviz.drafters import medusa_layouts as layouts
+from specviz.drafters.head_parts import target_parts
+from specviz.drafters.medusa_layouts import MedusaSpec
+from specviz.drafters.mtp import shallow_copy
+from specviz.drafters.registry import DrafterFamily, register
+from specviz.engine.drafter import DraftBudget, Drafter
+from specviz.engine.features import TargetFeatures
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.tree import ROOT, DraftTree
+from specviz.errors import SpecvizError
+
+TITLE = "Medusa heads"
+Choices = tuple[tuple[int, ...], ...]
+
+
+# ---- the heads --------------------------------------------------------------------------------------------------
+class ResBlock(nn.Module):
+    """``x + SiLU(Linear(x))`` (Medusa's ResBlock; zero weights make it the identity)."""
+
+    def __init__(self, size: int, bias: bool):
+        super().__init__()
+        self.linear = nn.Linear(size, size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` heads over a target's feature; ``output``: the target's output layer, borrowed (not a
+    parameter, never saved) by heads without their own."""
+
+    def __init__(self, spec: MedusaSpec, output: nn.Module | None, embedding: torch.Tensor | None = None):
+        super().__init__()
+        self.spec = spec
+        rows = spec.draft_vocab_size or spec.vocab_size
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(spec.hidden_size, spec.block_bias) for _ in range(spec.num_layers)],
+                          *([nn.Linear(spec.hidden_size, rows, bias=False)] if spec.own_lm_head else []))
+            for _ in range(spec.num_heads))
+        if spec.reduced_vocab:
+            self.register_buffer("token_map", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        else:
+            self.token_map = None
+        if output is None and not spec.own_lm_head:
+            raise SpecvizError("Medusa heads without their own output layer need the target's")
+        self._borrowed = {"output": output, "embedding": None if embedding is None else embedding.detach()}
+        self._output_op = None  # inference copies: the target's output rows pre-packed
+
+    @property
+    def num_heads(self) -> int:
+        return self.spec.num_heads
+
+    @property
+    def dtype(self) -> torch.dtype:
+        weight = next(self.parameters(), None)
+        return torch.float32 if weight is None else weight.dtype
+
+    def states(self, features: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` target features -> ``[..., num_heads, H]``: each head's residual blocks (before the output
+        layer)."""
+        features = features.to(self.dtype)
+        blocks = self.spec.num_layers
+        return torch.stack([head[:blocks](features) for head in self.heads], dim=-2)
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """``[..., num_heads, H]`` -> ``[..., num_heads, V]`` logits over the whole target vocabulary (float32; ids
+        outside a truncated vocabulary get -inf)."""
+        if not self.spec.own_lm_head:  # one matmul for every head
+            return self.head_logits(0, states)
+        return torch.stack([self.head_logits(h, states[..., h, :]) for h in range(self.num_heads)], dim=-2)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.logits(self.states(features))
+
+    def head_logits(self, h: int, state: torch.Tensor) -> torch.Tensor:
+        """Head h's logits ``[..., V]`` (float32) of its block output ``state`` ``[..., H]``."""
+        spec = self.spec
+        if not spec.own_lm_head:
+            if self._output_op is not None:
+                return self._output_op(state).float() * spec.logit_scale
+            layer = self._borrowed["output"]
+            return layer(state.to(layer.weight.dtype)).float() * spec.logit_scale
+        out = self.heads[h][-1](state).float() * spec.logit_scale
+        if self.token_map is None:
+            return out
+        full = out.new_full((*out.shape[:-1], spec.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.token_map.to(out.device), out)
+
+    def for_inference(self) -> MedusaHeads:
+        """A copy sharing every tensor whose linear layers (and the borrowed output rows) run pre-packed."""
+        from specviz.models import fast_forward
+
+        weight = next(self.parameters(), None)
+        if weight is None or not fast_forward.available(str(weight.device), weight.dtype):
+            return self
+        fast = shallow_copy(self, fast_forward.packed_linear)
+        output = self._borrowed["output"]
+        if not self.spec.own_lm_head and not self._borrowed.get("output_packed"):
+            rows = output.weight.detach()
+            if fast_forward.available(str(rows.device), rows.dtype):
+                fast._output_op = fast_forward.packed_linear(rows.contiguous())
+        return fast
+
+
+# ---- building, saving and loading -------------------------------------------------------------------------------
+def spec_for(model: nn.Module, num_heads: int = 4, num_layers: int = 1) -> MedusaSpec:
+    """Heads of ours for ``model``: reading ``hidden_states[L]``, sharing the target's output layer (the Medusa-1
+    legacy arrangement; a V x H layer per head would dwarf the blocks)."""
+    shape, _, _ = target_parts(model)
+    return MedusaSpec(num_heads=num_heads, num_layers=num_layers, hidden_size=shape.hidden_size,
+                      vocab_size=shape.vocab_size, feature_layer=shape.num_layers)
+
+
+def build_heads(model: nn.Module, spec: MedusaSpec, state: dict[str, torch.Tensor] | None = None) -> MedusaHeads:
+    from specviz.models import fast_forward
+
+    _, embedding, output = target_parts(model)
+    heads = MedusaHeads(spec, output, embedding).to(embedding.device)
+    heads._borrowed["output_packed"] = fast_forward.is_fast(model)
+    if state is not None:
+        heads.load_state_dict({k: v.to(embedding.device) if k == "token_map" else v.to(embedding.device,
+                                                                                        torch.float32)
+                               for k, v in state.items()}, strict=True)
+    return heads
+
+
+def new_heads(model: nn.Module, num_heads: int = 4, num_layers: int = 1, *, seed: int | None = None,
+              std: float = 0.02) -> MedusaHeads:
+    """Fresh heads of ours: block weights N(0, std) (``std=0``: Medusa's zero initialisation, each head starting
+    as the target's own next-token prediction), biases zero."""
+    heads = build_heads(model, spec_for(model, num_heads, num_layers))
+    generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+    with torch.no_grad():
+        for module in heads.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
+                if module.bias is not None:
+                    module.bias.zero_()
+    return heads
+
+
+def save_heads(heads: MedusaHeads, folder: Path, *, target_name: str, layout: str = "specviz",
+               choices: Sequence[Sequence[int]] | None = None, extra: dict | None = None,
+               dtype: torch.dtype | None = None) -> Path:
+    """Write ``heads`` as a loadable folder in our layout (borrowed output layer recorded with the target
+    embedding's fingerprint, not stored) or a published one; ``choices`` (Medusa's format) ship with them."""
+    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
+
+    spec = heads.spec
+    dtype = dtype or next(heads.parameters()).dtype
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in heads.state_dict().items()}
+    config = layouts.config_for(spec, layout, target_name)
+    output = heads._borrowed["output"]
+    tensors = layouts.from_state(state, spec, layout, None if output is None else output.weight.to(dtype))
+    if layout == "specviz":
+        embedding = heads._borrowed["embedding"]
+        config[CONFIG_KEY] = {"from": target_name, "tensors": [] if spec.own_lm_head else ["output"],
+                              "fingerprint": fingerprint(embedding) if embedding is not None else []}
+    if choices is not None:
+        config[layouts.CHOICES_KEY] = [list(c) for c in check_choices(choices)]
+    config.update(extra or {})
+    filename = layouts.MEDUSA_FILES[0] if layout == "medusa" else "model.safetensors"
+    return mtp_layouts.write(Path(folder), config, tensors, filename)
+
+
+def load_heads(source: str | Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
+    """Heads (and their shipped tree choices, if any) from a folder or hub id in any supported layout, checked
+    against the target ``model``; every error is one line naming the source."""
+    folder, name = mtp_layouts.resolve_source(source, "Medusa heads", ("*.safetensors", "medusa_lm_head.pt",
+                                                                       "pytorch_model.bin"))
+    try:
+        return _load(folder, model)
+    except SpecvizError as error:
+        raise SpecvizError(f"Medusa heads {name}: {error}") from None
+
+
+def _load(folder: Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
+    shape, embedding, output = target_parts(model)
+    config = mtp_layouts.read_config(folder, "Medusa")
+    shapes, read = mtp_layouts.tensor_index(folder, pickles=(layouts.MEDUSA_FILES[1], "pytorch_model.bin"))
+    if "medusa_num_heads" in config and any(k.startswith("medusa_head.") for k in shapes):
+        shapes = {k: s for k, s in shapes.items() if k.startswith("medusa_head.")}  # a Medusa-2 full model
+    dialect = layouts.dialect_of(config, set(shapes))
+    spec = layouts.medusa_spec(config, shape, dialect, shapes)
+    _check_same_target(config, embedding)
+    state = layouts.to_state(read(lambda name: name in shapes), spec, dialect)
+    spec, state = _borrow_equal_heads(spec, state, output)
+    choices = config.get(layouts.CHOICES_KEY)
+    return build_heads(model, spec, state), None if choices is None else check_choices(choices)
+
+
+def _check_same_target(config: dict, embedding: torch.Tensor) -> None:
+    """Our folders record the target embedding's fingerprint (the target's identity, as every borrowing drafter
+    does): heads trained for another model would draft garbage."""
+    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint, spec_of
+
+    record = spec_of(config)
+    if record is None or not record.get("fingerprint"):
+        return
+    found, expected = fingerprint(embedding), record["fingerprint"]
+    if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
+                                          for a, b in zip(found, expected)):
+        raise SpecvizError(f"they were trained for {record.get('from', 'another target')}: the target's embedding is "
+                           f"not the one they were trained with")
+
+
+def _borrow_equal_heads(spec: MedusaSpec, state: dict[str, torch.Tensor], output: nn.Module
+                        ) -> tuple[MedusaSpec, dict[str, torch.Tensor]]:
+    """Output layers that are copies of the target's (FasterDecoding's initialisation, vLLM's original head) are
+    dropped: the heads borrow the target's instead of holding num_heads copies."""
+    if not spec.own_lm_head or spec.reduced_vocab:
+        return spec, state
+    names = [f"heads.{i}.{spec.num_layers}.weight" for i in range(spec.num_heads)]
+    mine = output.weight.detach().float().cpu()
+    if all(state[n].shape == mine.shape and torch.allclose(state[n].float(), mine, rtol=1e-3, atol=1e-4)
+           for n in names):
+        from dataclasses import replace
+
+        return replace(spec, own_lm_head=False), {k: v for k, v in state.items() if k not in names}
+    return spec, state
+
+
+# ---- tree choices -----------------------------------------------------------------------------------------------
+def check_choices(choices: Iterable[Sequence[int]]) -> Choices:
+    """Medusa's format: non-empty rank paths, each one's parent path listed before it; one-line error otherwise."""
+    out: list[tuple[int, ...]] = []
+    seen: set[tuple[int, ...]] = set()
+    try:
+        for raw in choices:
+            path = tuple(int(r) for r in raw)
+            if not path or any(r < 0 for r in path) or any(not isinstance(r, int) or isinstance(r, bool)
+                                                            for r in raw):
+                raise SpecvizError(f"Medusa choice {list(raw)} is not a non-empty list of ranks >= 0")
+            if path in seen:
+                raise SpecvizError(f"Medusa choice {list(path)} is listed twice")
+            if len(path) > 1 and path[:-1] not in seen:
+                raise SpecvizError(f"Medusa choice {list(path)} comes before its parent {list(path[:-1])}")
+            seen.add(path)
+            out.append(path)
+    except TypeError:
+        raise SpecvizError("Medusa choices must be a list of lists of ranks, e.g. [[0], [0, 0], [1]]") from None
+    return tuple(out)
+
+
+def default_choices(num_heads: int, width: int, depth: int, max_nodes: int) -> Choices:
+    """A tree for heads that ship no choices: every path with ranks below ``width`` up to ``depth`` (no deeper than
+    the heads), fewest rank steps first (the top-1 chain leads), then shallower, then lexicographic."""
+    depth = min(depth, num_heads)
+    paths = [p for d in range(1, depth + 1) for p in itertools.product(range(width), repeat=d)]
+    paths.sort(key=lambda p: (sum(p), len(p), p))
+    return tuple(paths[:max_nodes])
+
+
+def derive_choices(accuracy: Sequence[Sequence[float]], nodes: int) -> Choices:
+    """Medusa's recipe: greedily add the path whose product of per-head accuracies is largest (``accuracy[h][r]``:
+    how often head h's rank-r token was the right one on held-out text); parents always come first."""
+    heads = len(accuracy)
+    if not heads or nodes < 1:
+        return ()
+    frontier = [(-float(accuracy[0][r]), (r,)) for r in range(len(accuracy[0]))]
+    heapq.heapify(frontier)
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < nodes:
+        score, path = heapq.heappop(frontier)
+        chosen.append(path)
+        depth = len(path)
+        if depth < heads:
+            for rank, hit in enumerate(accuracy[depth]):
+                heapq.heappush(frontier, (score * float(hit), path + (rank,)))
+    return tuple(chosen)
+
+
+def fit_choices(choices: Choices, budget: DraftBudget, num_heads: int) -> Choices:
+    """The choices within the budget: depth (and the heads), ranks below width, the first max_nodes in order."""
+    depth = min(budget.depth, num_heads)
+    kept = [c for c in choices if len(c) <= depth and max(c) < budget.width]
+    kept_set = set(kept)
+    kept = [c for c in kept if all(c[:i] in kept_set for i in range(1, len(c)))]
+    return tuple(kept[: budget.max_nodes])
+
+
+@torch.no_grad()
+def head_accuracy(heads: MedusaHeads, features: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor | None = None,
+                  topk: int = 10, logits: torch.Tensor | None = None) -> tuple[list[list[float]], list[int]]:
+    """Per-head top-k accuracy on a known sequence: ``features`` ``[T, H]`` of positions 0..T-1, ``chosen``
+    ``[T]`` the target's choice after each position (its argmax there), ``valid`` ``[T]`` which choices count.
+
+    Head h on the feature of position t drafts the token after position t + 1 + h; it is right at rank r when
+    its rank-r token is ``chosen[t + 1 + h]``. ``logits``: ``heads(features)`` when the caller has them already.
+    Returns (accuracy[h][r], positions counted per head)."""
+    valid = torch.ones_like(chosen, dtype=torch.bool) if valid is None else valid
+    logits = heads(features) if logits is None else logits
+    top = logits.topk(topk, dim=-1).indices  # [T, heads, k]
+    accuracy, counts = [], []
+    length = features.shape[0]
+    for h in range(heads.num_heads):
+        span = max(0, length - 1 - h)
+        target, ok = chosen[1 + h: 1 + h + span], valid[1 + h: 1 + h + span]
+        hits = (top[:span, h] == target[:, None]) & ok[:, None]
+        total = int(ok.sum())
+        counts.append(total)
+        accuracy.append((hits.sum(0).float() / max(1, total)).tolist())
+    return accuracy, counts
+
+
+# ---- the drafter ------------------------------------------------------------------------------------------------
+class MedusaDrafter(Drafter):
+    """Drafts the top-1 chain or a static tree from the heads on the newest known target feature."""
+
+    def __init__(self, heads: MedusaHeads, vocab_size: int, name: str | None = None,
+                 choices: Sequence[Sequence[int]] | None = None, pack: bool = True):
+        if heads.spec.vocab_size > vocab_size:
+            raise SpecvizError(f"the heads draft over {heads.spec.vocab_size} ids but the target's logits have "
+                               f"{vocab_size}")
+        self.heads = heads.eval()
+        self.runner = heads.for_inference() if pack else self.heads
+        self.vocab_size = vocab_size
+        self.name = name or "medusa"
+        self.choices = None if choices is None else check_choices(choices)
+        self.feature_layers = (heads.spec.feature_layer,)
+        self.begin([])
+
+    def describe(self) -> dict:
+        return {"name": self.name, "heads": self.heads.num_heads, "feature_layers": list(self.feature_layers),
+                "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
+                "choices": None if self.choices is None else [list(c) for c in self.choices]}
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self._feature: torch.Tensor | None = None  # the newest feature handed over ...
+        self._position = -1  # ... and its position
+        self._features_end = 0
+
+    def observe(self, features: TargetFeatures) -> None:
+        if features.start != self._features_end:
+            raise SpecvizError(f"target features arrived for position {features.start}, expected "
+                               f"{self._features_end}: the engine and the Medusa heads lost step")
+        if tuple(features.layers) != self.feature_layers:
+            raise SpecvizError(f"target features of layers {list(features.layers)}, the heads read "
+                               f"{list(self.feature_layers)}")
+        self._features_end += len(features)
+        self._feature, self._position = features.hidden[-1, 0], self._features_end - 1
+
+    @torch.inference_mode()
+    def head_logits(self, context: list[int]) -> torch.Tensor | None:
+        """``[num_heads, V]``: the heads on the feature of position len(context) - 2 (None before there is one)."""
+        if len(context) < 2:
+            return None
+        if self._position != len(context) - 2:
+            raise SpecvizError(f"the Medusa heads hold the feature of position {self._position}, drafting after "
+                               f"{len(context)} tokens needs position {len(context) - 2}")
+        return self.runner(self._feature[None])[0]
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator) -> DraftTree:
+        logits = self.head_logits(context)
+        if logits is None:
+            return DraftTree.empty()
+        heads = self.heads.num_heads
+        if budget.tree:
+            choices = self.choices or default_choices(heads, budget.width, budget.depth, budget.max_nodes)
+            choices = fit_choices(choices, budget, heads)
+        else:
+            choices = tuple((0,) * d for d in range(1, min(budget.k, heads) + 1))
+        if not choices:
+            return DraftTree.empty()
+        q, _ = dynamic_tree.distributions(logits, sampling, self.vocab_size)  # [heads, V]
+        widest = 1 + max(max(c) for c in choices)
+        ranked = logits.float().cpu().topk(min(widest, logits.shape[-1]), dim=-1).indices.tolist()
+        return static_tree(choices, ranked, q, budget.min_draft_prob)
+
+
+def static_tree(choices: Choices, ranked: list[list[int]], q: torch.Tensor, min_draft_prob: float = 0.0
+                ) -> DraftTree:
+    """The draft tree of ``choices``: the node of path c is head (len(c) - 1)'s rank-c[-1] token (``ranked[h]``:
+    head h's tokens best first; ``q[h]``: its distribution). Paths under a node below ``min_draft_prob`` are not
+    drafted; confidence is the path product of the heads' probabilities."""
+    index: dict[tuple[int, ...], int] = {}
+    tokens, parents, q_token, confidence, head = [], [], [], [], []
+    for path in sorted(choices, key=lambda c: (len(c), c)):  # Medusa's buffer order: by depth, then ranks
+        parent = index.get(path[:-1], ROOT) if len(path) > 1 else ROOT
+        if len(path) > 1 and (path[:-1] not in index or q_token[parent] < min_draft_prob):
+            continue
+        h = len(path) - 1
+        if path[-1] >= len(ranked[h]):
+            continue
+        token = ranked[h][path[-1]]
+        p = float(q[h, token])
+        index[path] = len(tokens)
+        tokens.append(token)
+        parents.append(parent)
+        q_token.append(p)
+        confidence.append(p * (1.0 if parent == ROOT else confidence[parent]))
+        head.append(h)
+    rows = torch.zeros(len(tokens) + 1, q.shape[-1])
+    rows[0] = q[0]
+    for node, h in enumerate(head):
+        if h + 1 < q.shape[0]:
+            rows[node + 1] = q[h + 1]
+    return DraftTree(tokens=tokens, parents=parents, q_token=q_token, q_dist=rows, sampled=False,
+                     confidence=[max(0.0, min(1.0, c)) if math.isfinite(c) else 0.0 for c in confidence],
+                     meta={"head": head})
+
+
+def acceptance_by_label(rounds: Iterable, key: str = "head") -> dict[int, dict[str, float]]:
+    """Per-label acceptance from round records (``meta[key]`` per node: Medusa's head, MTP's module).
+
+    A label is *reached* in a round when the accepted path got to a node (or the root) with a child of that label;
+    ``rate`` = accepted / reached, the head's conditional acceptance, which Medusa reports per head.
+    """
+    stats: dict[int, dict[str, float]] = {}
+    for record in rounds:
+        labels = (getattr(record, "meta", None) or {}).get(key)
+        if not labels:
+            continue
+        parents, path = record.parents, list(record.accepted)
+        reached_nodes = {ROOT, *path}
+        for label in sorted(set(labels)):
+            kids = [i for i, lab in enumerate(labels) if lab == label]
+            entry = stats.setdefault(label, {"reached": 0, "accepted": 0})
+            if any(parents[i] in reached_nodes for i in kids):
+                entry["reached"] += 1
+                entry["accepted"] += int(any(i in path for i in kids))
+    for entry in stats.values():
+        entry["rate"] = entry["accepted"] / entry["reached"] if entry["reached"] else 0.0
+    return dict(sorted(stats.items()))
+
+
+# ---- the family -------------------------------------------------------------------------------------------------
+def _build(argument: str, target, settings) -> MedusaDrafter:
+    source = argument or checkpoint_files.shipped_dir(target.name, "medusa")
+    if not argument and not (Path(source) / "config.json").is_file():
+        raise SpecvizError(f"no Medusa heads are shipped for {target.name}; give medusa:<dir or hub id>")
+    heads, choices = load_heads(source, target.model)
+    return MedusaDrafter(heads, target.vocab_size, name=f"medusa:{argument}" if argument else "medusa",
+                         choices=choices)
+
+
+FAMILY = register(DrafterFamily(
+    name="medusa",
+    syntax="medusa[:<dir|hub id>]",
+    title=TITLE,
+    description=("Medusa heads on the target's last hidden state, head i predicting the token i + 2 after it: the "
+                 "top-1 chain, or with --tree the static tree of the heads' choices list (depth d = head d - 1 "
+                 "in 0-based numbering); loads FasterDecoding and vLLM checkpoints; bare name: the heads shipped "
+                 "for the target"),
+    build=_build,
+    reads=("min_draft_prob",),
+    feature_layers=lambda num_layers: (num_layers,),
+    features="`hidden_states[L]` (after the final norm, as Medusa reads the base model's output)",
+    checkpoints=checkpoint_files.shipped("medusa"),
+    trainer="medusa",  # specviz train medusa (specviz.training.trainers.medusa)
+    order=34,
+))

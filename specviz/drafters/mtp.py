@@ -1,0 +1,617 @@
+"""Multi-token prediction (MTP) modules, DeepSeek-V3 style, drafting from the target's own hidden states.
+
+Module k computes ``h' = Block(eh_proj(cat(enorm(emb(x[t+1+k])), hnorm(g[t]))))`` (MiMo's checkpoints
+concatenate the other way round; its loader swaps the projection's column halves) and predicts x[t+2+k] with
+``logits = head(norm(h'))``; ``emb`` and ``head`` are the target's own embedding and output layer, borrowed
+(passed in, never copied into our weights or files). ``g`` is the target
+feature ``hidden_states[L]`` for module 0 and module k-1's output at the same position for module k: the
+sequential chain of DeepSeek-V3's MTP, trained teacher-forced (``MtpStack.teacher_forced``).
+
+**Drafting.** With n modules, draft depth d uses module (d-1) mod n. Think of module k as having a row at every
+position t whose inputs exist (a hidden state g[t] and the token x[t+1+k]); each row attends causally to module
+k's rows at earlier positions. Committed text gives every module its rows with real inputs; a draft node at depth d
+adds one row per module at position P+d-k (P = the pending token's position - 1, the last position with a target
+feature), whose hidden input is the parent's row of module k-1 (k = 0: of module n-1, which predicts the same next
+token a target feature at this position would). So the first n depths are exactly DeepSeek's sequential modules
+at the last position, and deeper steps continue them with their own outputs, as vLLM reuses DeepSeek-V3's single
+module (n = 1 is EAGLE's scheme). Rows are computed only when a prediction needs them, one forward per module per
+wave, with a tree mask; each module's KV cache keeps its committed rows between rounds and drops draft rows after
+every round (EAGLE's ``stable_kv``). ``DraftTree.meta["module"]`` says which module drafted each node.
+
+Loaders for the published layouts are in ``specviz.drafters.mtp_layouts``. Our own modules are trained post hoc
+on a frozen target (``specviz train mtp``); published MTP layers are trained jointly with their model.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache
+
+from specviz.drafters import checkpoint_files, dynamic_tree
+from specviz.drafters import mtp_layouts as layouts
+from specviz.drafters.head_parts import GatedMLP, target_parts
+from specviz.drafters.mtp_layouts import MtpSpec
+from specviz.drafters.registry import DrafterFamily, register
+from specviz.engine import cache as kv
+from specviz.engine.drafter import DraftBudget, Drafter
+from specviz.engine.features import TargetFeatures
+from specviz.engine.loop import MAX_NEW_TOKENS
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.tree import ROOT, DraftTree
+from specviz.errors import SpecvizError
+
+TITLE = "MTP modules"
+#: Draft rows a round may add to one module's cache: at most one per expanded node (width 16 x depth 32).
+TREE_ROOM = 16 * 32 + 8
+#: Files a hub download of MTP layers needs (besides the shards that hold them).
+HUB_FILES = ("*.safetensors", "pytorch_model.bin")
+
+
+# ---- the modules ------------------------------------------------------------------------------------------------
+class _Attention(nn.Module):
+    def __init__(self, spec: MtpSpec):
+        super().__init__()
+        q, kvw, h = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.hidden_size
+        self.q_proj = nn.Linear(h, q, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(h, kvw, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(h, kvw, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(q, h, bias=False)
+        if spec.qk_norm:
+            self.q_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
+
+
+class _Block(nn.Module):
+    """A pre-norm dense decoder layer (Llama; Qwen2's q/k/v bias; Qwen3's q/k norm), as in the target."""
+
+    def __init__(self, spec: MtpSpec):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.self_attn = _Attention(spec)
+        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+
+
+class MtpModule(nn.Module):
+    """One MTP module: the two input norms, the projection, a decoder layer and the final norm."""
+
+    def __init__(self, spec: MtpSpec):
+        super().__init__()
+        self.enorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.hnorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * spec.hidden_size, spec.hidden_size, bias=False)
+        self.block = _Block(spec)
+        self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+
+class MtpStack(nn.Module):
+    """n MTP modules over a target (its embedding and output layer borrowed: not parameters, never saved)."""
+
+    def __init__(self, spec: MtpSpec, embedding: torch.Tensor, output: nn.Module):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.spec = spec
+        self.layers = nn.ModuleList(MtpModule(spec) for _ in range(spec.num_modules))
+        if embedding.shape[-1] != spec.hidden_size:
+            raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the modules are {spec.hidden_size} "
+                               f"wide")
+        rope_config = LlamaConfig(hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
+                                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                                  rope_parameters=dict(spec.rope), max_position_embeddings=spec.max_position_embeddings)
+        rotary = LlamaRotaryEmbedding(rope_config)
+        # float32 frequencies outside the buffers: a ``to(float16)`` for saving must not round them
+        self._rope = (rotary.inv_freq.detach().float().clone(), float(rotary.attention_scaling))
+        self._borrowed = {"embedding": embedding.detach(), "output": output, "output_packed": False}
+        self._output_op = None  # inference copies: the output rows pre-packed
+
+    @property
+    def num_modules(self) -> int:
+        return self.spec.num_modules
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].eh_proj.weight.dtype
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        weight = self._borrowed["embedding"]
+        return F.embedding(token_ids.to(weight.device), weight).to(self.dtype)
+
+    def step(self, k: int, hidden: torch.Tensor, token_ids: torch.Tensor, position_ids: torch.Tensor, *,
+             cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Module k over ``[B, T]`` rows: ``hidden`` g[t] ``[B, T, H]``, ``token_ids`` x[t+1+k], RoPE positions t;
+        returns h' ``[B, T, H]`` (before ``norm``). ``cache``: a ``DynamicCache`` (layer 0) or anything with
+        ``update``; ``mask``: bool, True = attend, broadcastable to ``[B, heads, T, S]`` (None: causal)."""
+        layer = self.layers[k]
+        emb = layer.enorm(self.embed(token_ids))
+        hid = layer.hnorm(hidden.to(self.dtype))
+        x = layer.eh_proj(torch.cat([emb, hid], dim=-1))
+        block = layer.block
+        h = x + self._attend(block.self_attn, block.input_layernorm(x), position_ids, cache, mask)
+        return h + block.mlp(block.post_attention_layernorm(h))
+
+    def feed(self, k: int, out: torch.Tensor) -> torch.Tensor:
+        """What the next step reads from module k's output: h', or norm(h') for the layouts that feed it normed."""
+        return self.layers[k].norm(out) if self.spec.feed_normed else out
+
+    def logits(self, k: int, out: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of module k's outputs (float32): the target's output layer on norm(h')."""
+        h = self.layers[k].norm(out)
+        if self._output_op is not None:
+            return self._output_op(h).float()
+        layer = self._borrowed["output"]
+        return layer(h.to(layer.weight.dtype)).float()
+
+    def teacher_forced(self, features: torch.Tensor, token_ids: torch.Tensor) -> list[torch.Tensor]:
+        """The training forward over a known sequence: module k at positions t = 0 .. T-2-k reads x[t+1+k] and,
+        as hidden state, the target feature (k = 0) or module k-1's output at t; it predicts x[t+2+k].
+
+        ``features`` ``[B, T, H]`` (target features of positions 0 .. T-1), ``token_ids`` ``[B, T]``. Returns one
+        ``[B, T-1-k, H]`` output per module (fewer when the sequence is too short). Drafting computes the same rows
+        for the committed text, and at the last position for the first n draft depths.
+        """
+        length = token_ids.shape[1]
+        outs, hidden = [], features
+        for k in range(self.num_modules):
+            span = length - 1 - k
+            if span <= 0:
+                break
+            positions = torch.arange(span, device=token_ids.device)
+            out = self.step(k, hidden[:, :span], token_ids[:, 1 + k: 1 + k + span], positions)
+            outs.append(out)
+            hidden = self.feed(k, out)
+        return outs
+
+    def _attend(self, attn: _Attention, x: torch.Tensor, position_ids: torch.Tensor, cache,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        spec = self.spec
+        batch, length, _ = x.shape
+        q = attn.q_proj(x).view(batch, length, spec.num_heads, spec.head_dim)
+        k = attn.k_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim)
+        v = attn.v_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        if spec.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        inv_freq, scaling = self._rope
+        freqs = position_ids.reshape(-1, length).to(x.device)[..., None].float() * inv_freq.to(x.device)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = (angles.cos() * scaling).to(x.dtype)[:, None], (angles.sin() * scaling).to(x.dtype)[:, None]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(k, v, 0)
+        total = k.shape[-2]
+        if mask is None and length > 1:
+            mask = torch.ones(length, total, dtype=torch.bool, device=x.device).tril(total - length)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=spec.num_kv_heads != spec.num_heads)
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
+
+    def for_inference(self) -> MtpStack:
+        """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run (as
+        the fast target path does); the stack itself stays trainable."""
+        from specviz.models import fast_forward
+
+        weight = self.layers[0].eh_proj.weight
+        if not fast_forward.available(str(weight.device), weight.dtype):
+            return self
+        fast = shallow_copy(self, fast_forward.packed_linear)
+        rows = self._borrowed["output"].weight.detach()
+        if not self._borrowed["output_packed"] and fast_forward.available(str(rows.device), rows.dtype):
+            fast._output_op = fast_forward.packed_linear(rows.contiguous())
+        return fast
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def shallow_copy(module: nn.Module, pack) -> nn.Module:
+    """``module`` and its children copied (tensors shared); each ``nn.Linear`` runs through ``pack``."""
+    new = copy.copy(module)
+    new._modules = {name: None if child is None else shallow_copy(child, pack)
+                    for name, child in module._modules.items()}
+    if isinstance(module, nn.Linear):
+        new.forward = pack(module.weight, module.bias)
+    return new
+
+
+# ---- building, saving and loading -------------------------------------------------------------------------------
+def spec_for(model: nn.Module, num_modules: int = 1, *, feed_normed: bool = False) -> MtpSpec:
+    """The spec of MTP modules of ours for ``model``: blocks shaped like the target's decoder layers, reading
+    ``hidden_states[L]`` (after the final norm, as the published layers are fed)."""
+    shape, _, _ = target_parts(model)
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    heads = int(config.num_attention_heads)
+    first = model.get_decoder().layers[0].self_attn
+    rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default",
+                                                              "rope_theta": getattr(config, "rope_theta", 10000.0)})
+    rope.pop("partial_rotary_factor", None)
+    return MtpSpec(
+        num_modules=num_modules, hidden_size=shape.hidden_size, intermediate_size=int(config.intermediate_size),
+        num_heads=heads, num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or shape.hidden_size // heads),
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)), vocab_size=shape.vocab_size,
+        feature_layer=shape.num_layers, rope=rope,
+        max_position_embeddings=int(getattr(config, "max_position_embeddings", 8192) or 8192),
+        attention_bias=first.q_proj.bias is not None, qk_norm=hasattr(first, "q_norm"), feed_normed=feed_normed)
+
+
+def build_stack(model: nn.Module, spec: MtpSpec, state: dict[str, torch.Tensor] | None = None) -> MtpStack:
+    """Modules for ``spec`` on ``model``'s device, borrowing its embedding and output layer; ``state`` loads them."""
+    from specviz.models import fast_forward
+
+    _, embedding, output = target_parts(model)
+    stack = MtpStack(spec, embedding, output).to(embedding.device)
+    stack._borrowed["output_packed"] = fast_forward.is_fast(model)
+    if state is not None:
+        stack.load_state_dict({k: v.to(embedding.device, torch.float32) for k, v in state.items()}, strict=True)
+    return stack
+
+
+def new_stack(model: nn.Module, num_modules: int = 1, *, seed: int | None = None, feed_normed: bool = False,
+              dtype: torch.dtype = torch.float32) -> MtpStack:
+    """Freshly initialised modules of ours for the target ``model`` (norms at one, projections N(0, 0.02))."""
+    spec = spec_for(model, num_modules, feed_normed=feed_normed)
+    state = torch.random.get_rng_state()
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        stack = build_stack(model, spec)
+        for module in stack.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+    finally:
+        if seed is not None:
+            torch.random.set_rng_state(state)
+    return stack.to(dtype=dtype)
+
+
+def save_stack(stack: MtpStack, folder: Path, *, target_name: str, layout: str = "specviz",
+               dtype: torch.dtype | None = None) -> Path:
+    """Write ``stack`` as a loadable folder: our layout (borrowed tensors recorded with the embedding's
+    fingerprint, not stored) or a published one (``mtp_layouts.DIALECTS``), for interop and tests."""
+    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
+
+    dtype = dtype or stack.dtype
+    state = {k: v.to(dtype) for k, v in stack.state_dict().items()}
+    num_layers = target_layers(stack)
+    config = layouts.config_for(stack.spec, layout, num_layers)
+    tensors = layouts.from_state(state, stack.spec, layout, num_layers)
+    embedding = stack._borrowed["embedding"]
+    if layout == "specviz":
+        config[CONFIG_KEY] = {"from": target_name, "tensors": ["embedding", "output"],
+                              "fingerprint": fingerprint(embedding)}
+    elif layout == "deepseek-v3":  # DeepSeek-V3 stores copies of the shared embedding and head in each layer
+        for k in range(stack.num_modules):
+            prefix = f"model.layers.{num_layers + k}."
+            tensors[prefix + "embed_tokens.weight"] = embedding.detach().to(dtype).clone()
+            tensors[prefix + "shared_head.head.weight"] = stack._borrowed["output"].weight.detach().to(dtype).clone()
+    return layouts.write(Path(folder), config, tensors)
+
+
+def target_layers(stack: MtpStack) -> int:
+    """The target's decoder-layer count, as our spec records it: published layers read ``hidden_states[L]``."""
+    return stack.spec.feature_layer
+
+
+def load_stack(source: str | Path, model: nn.Module) -> MtpStack:
+    """MTP modules from a folder (ours, a published layout, or a target checkpoint carrying its own MTP layers)
+    or a hub id, checked against the target ``model``; every error is one line naming the source."""
+    folder, name = layouts.resolve_source(source, "MTP modules", HUB_FILES)
+    try:
+        return _load(folder, model)
+    except SpecvizError as error:
+        raise SpecvizError(f"MTP modules {name}: {error}") from None
+
+
+def _load(folder: Path, model: nn.Module) -> MtpStack:
+    shape, embedding, output = target_parts(model)
+    config = layouts.read_config(folder)
+    shapes, read = layouts.tensor_index(folder)
+    if layouts.SPEC_KEY in config:
+        dialect, mtp_shapes = "specviz", shapes
+    else:  # a published layout, possibly inside a whole target checkpoint: only the MTP tensors count
+        main_layers = layouts.flat_config(config).get("num_hidden_layers")
+        mtp_shapes = {k: s for k, s in shapes.items() if layouts.is_mtp_key(k, main_layers)}
+        dialect = layouts.dialect_of(config, set(mtp_shapes))
+    spec = layouts.mtp_spec(config, shape, dialect, mtp_shapes)
+    tensors = read(lambda name: name in mtp_shapes)
+    _check_same_target(config, dialect, tensors, embedding, output)
+    state = layouts.to_state(tensors, spec, dialect, shape.num_layers)
+    return build_stack(model, spec, state)
+
+
+def _check_same_target(config: dict, dialect: str, tensors: dict[str, torch.Tensor], embedding: torch.Tensor,
+                       output: nn.Module) -> None:
+    """The recorded fingerprint (ours) or the stored copies of the embedding and head (DeepSeek-V3's layout) must
+    be this target's: modules trained for another model would draft garbage."""
+    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint, spec_of
+
+    def same(found: list[float], expected: list[float]) -> bool:
+        return len(found) == len(expected) and all(abs(a - b) <= FINGERPRINT_RTOL * max(abs(b), 1e-6)
+                                                   for a, b in zip(found, expected))
+
+    record = spec_of(config)
+    if record is not None:
+        if not same(fingerprint(embedding), record.get("fingerprint") or []):
+            raise SpecvizError(f"they were trained for {record.get('from', 'another target')}: the target's "
+                               f"embedding is not the one they were trained with")
+        return
+    for name, value in tensors.items():
+        if dialect != "deepseek-v3" or not name.endswith(layouts.DEEPSEEK_SHARED):
+            continue
+        mine = embedding if name.endswith("embed_tokens.weight") else output.weight
+        if tuple(value.shape) != tuple(mine.shape):
+            raise SpecvizError(f"its {name} is {list(value.shape)}, the target's {list(mine.shape)}")
+        if not same(fingerprint(mine), fingerprint(value)):
+            raise SpecvizError(f"its {name} is not this target's (they were trained with another model)")
+
+
+def own_mtp_source(model: nn.Module) -> str | None:
+    """Where the target's own MTP layers are (its checkpoint folder or hub id), when its config declares some
+    (``num_nextn_predict_layers`` / ``mtp_num_hidden_layers``); None otherwise."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    count = next((getattr(c, name, None) for c in (config, text) for name in ("num_nextn_predict_layers",
+                                                                               "mtp_num_hidden_layers")
+                  if getattr(c, name, None)), None)
+    name = str(getattr(config, "_name_or_path", "") or "")
+    return name if count and name else None
+
+
+# ---- the drafter ------------------------------------------------------------------------------------------------
+class MtpDrafter(Drafter):
+    """Drafts with MTP modules from the target features the engine hands it (``observe``).
+
+    ``stochastic_tree``: at temperature > 0 draw tree children from q (verified by rejection sampling) instead of
+    taking the top-w. ``pack``: run the modules through pre-packed CPU kernels (a copy; ``stack`` stays trainable).
+    """
+
+    def __init__(self, stack: MtpStack, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
+                 pack: bool = True):
+        if stack.spec.vocab_size > vocab_size:
+            raise SpecvizError(f"the MTP modules draft over {stack.spec.vocab_size} ids but the target's logits have "
+                               f"{vocab_size}")
+        self.stack = stack.eval()
+        self.runner = stack.for_inference() if pack else self.stack
+        self.vocab_size = vocab_size
+        self.name = name or "mtp"
+        self.stochastic_tree = stochastic_tree
+        self.feature_layers = (stack.spec.feature_layer,)
+        self._device = stack.layers[0].eh_proj.weight.device
+        self.begin([])
+
+    def describe(self) -> dict:
+        spec = self.stack.spec
+        return {"name": self.name, "modules": spec.num_modules, "feature_layers": list(self.feature_layers),
+                "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
+                "trained": "post hoc on a frozen target (specviz)" if spec.origin == "post-hoc"
+                else "jointly with the model (published MTP layers)", "stochastic_tree": self.stochastic_tree}
+
+    def module_caches(self) -> list[DynamicCache]:
+        return self._caches
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        n = self.stack.num_modules
+        capacity = len(prompt_ids) + MAX_NEW_TOKENS + TREE_ROOM
+        self._caches = []
+        for _ in range(n):
+            cache = DynamicCache()  # one preallocated layer: a rollback is a length change
+            cache.layers.append(kv.PreallocatedLayer(capacity))
+            self._caches.append(cache)
+        self._rows = [0] * n  # module k holds committed rows at positions 0 .. rows[k] - 1
+        self._tail: list[tuple[int, torch.Tensor] | None] = [None] * n  # (first position, outputs) still needed
+        self._pending: list[torch.Tensor] = []  # target features of positions rows[0], rows[0] + 1, ...
+        self._features_end = 0
+        self._seen: list[int] = [int(t) for t in prompt_ids[:1]]
+
+    def observe(self, features: TargetFeatures) -> None:
+        if features.start != self._features_end:
+            raise SpecvizError(f"target features arrived for position {features.start}, expected "
+                               f"{self._features_end}: the engine and the MTP modules lost step")
+        if tuple(features.layers) != self.feature_layers:
+            raise SpecvizError(f"target features of layers {list(features.layers)}, the modules read "
+                               f"{list(self.feature_layers)}")
+        self._pending.append(features.hidden[:, 0].to(self._device, self.stack.dtype))
+        self._features_end += len(features)
+
+    def _outputs(self, k: int, start: int, end: int) -> torch.Tensor:
+        """Committed outputs of module k at positions start .. end - 1."""
+        first, outs = self._tail[k]
+        if start < first or end - first > outs.shape[0]:
+            raise SpecvizError(f"MTP module {k} lost its outputs of positions {start}..{end - 1}")
+        return outs[start - first: end - first]
+
+    @torch.inference_mode()
+    def catch_up(self, context: list[int]) -> None:
+        """Give every module its rows for the committed text: module k at positions t <= len(context) - 2 - k."""
+        if context[: len(self._seen)] != self._seen:
+            raise SpecvizError("the context changed under the MTP drafter (it needs the target features of the new "
+                               "text: start a new generation)")
+        for cache, rows in zip(self._caches, self._rows):
+            kv.crop_to(cache, rows)  # drop the last round's draft rows
+        n, total = self.stack.num_modules, len(context)
+        for k in range(n):
+            start, end = self._rows[k], max(0, total - 1 - k)
+            if end <= start:
+                continue
+            if k == 0:
+                if self._features_end < end:
+                    raise SpecvizError(f"the MTP modules have target features up to position "
+                                       f"{self._features_end - 1}, they need {end - 1}")
+                pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+                hidden, rest = pending[: end - start], pending[end - start:]
+                self._pending = [rest] if len(rest) else []
+            else:
+                hidden = self.runner.feed(k - 1, self._outputs(k - 1, start, end))
+            tokens = torch.tensor([context[start + 1 + k: end + 1 + k]], device=self._device)
+            positions = torch.arange(start, end, device=self._device)[None]
+            out = self.runner.step(k, hidden[None], tokens, positions, cache=self._caches[k])[0]
+            if self._tail[k] is not None:
+                first, old = self._tail[k]
+                out = torch.cat([old[: start - first], out])
+                start = first
+            self._tail[k], self._rows[k] = (start, out), end
+        for k in range(n):  # keep what the next catch-up (module k + 1) and the next draft (the last row) read
+            if self._tail[k] is None:
+                continue
+            first, outs = self._tail[k]
+            keep = min(self._rows[k + 1], self._rows[k] - 1) if k + 1 < n else self._rows[k] - 1
+            self._tail[k] = (keep, outs[keep - first:])
+        self._seen = list(context)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator) -> DraftTree:
+        self.catch_up(context)
+        if len(context) < 2 or self._rows[0] != len(context) - 1:  # a one-token prompt: no committed row yet
+            return DraftTree.empty()
+        rows = _DraftRows(self, len(context))
+
+        def expand(frontier: list[int], candidates: list[dynamic_tree.Candidate]) -> torch.Tensor:
+            want = [(candidates[v].depth % rows.n, v) for v in frontier]
+            rows.compute(want, candidates)
+            return torch.cat([self.runner.logits(k, rows.out[(k, v)][None]) for k, v in want])
+
+        root = self.runner.logits(0, rows.committed(0)[None])
+        grown = dynamic_tree.grow(root, expand, budget, sampling, generator, self.vocab_size, self.stochastic_tree)
+        tree = grown.tree
+        tree.meta["module"] = [(depth - 1) % rows.n for depth in tree.depth]
+        for node in tree.meta.get("pruned", []):
+            node["module"] = (node["depth"] - 1) % rows.n
+        return tree
+
+    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        """Drop the draft rows: accepted tokens get their rows again, from the committed text, next round."""
+        for cache, rows in zip(self._caches, self._rows):
+            kv.crop_to(cache, rows)
+
+
+class _DraftRows:
+    """One round's draft rows: module k's row of node v sits at position P + depth(v) - k (P = len(context) - 2),
+    reads v's token and, as hidden state, the parent's row of module k - 1 (k = 0: module n - 1; the parent of a
+    depth-1 node is the committed text, whose rows the modules already hold)."""
+
+    def __init__(self, drafter: MtpDrafter, length: int):
+        self.drafter, self.runner = drafter, drafter.runner
+        self.n = drafter.stack.num_modules
+        self.base = length - 2  # P: the last position with a target feature
+        self.out: dict[tuple[int, int], torch.Tensor] = {}
+        self.slot: dict[tuple[int, int], int] = {}
+
+    def committed(self, k: int) -> torch.Tensor | None:
+        """Module k's last committed output (position P - k), None when it has no row yet."""
+        if self.drafter._rows[k] != self.base + 1 - k or self.base - k < 0:
+            return None
+        return self.drafter._tail[k][1][-1]
+
+    def _source(self, k: int) -> int:
+        return k - 1 if k else self.n - 1
+
+    def _valid(self, row: tuple[int, int], candidates: list[dynamic_tree.Candidate]) -> bool:
+        k, v = row
+        if self.base + candidates[v].depth - k < 0:
+            return False
+        parent = candidates[v].parent
+        source = self._source(k)
+        return self.committed(source) is not None if parent == ROOT else self._valid((source, parent), candidates)
+
+    def compute(self, want: list[tuple[int, int]], candidates: list[dynamic_tree.Candidate]) -> None:
+        """Compute ``want`` and every row they need (hidden inputs, and the module's rows of their ancestors)."""
+        needed: dict[tuple[int, int], None] = {}
+        stack = list(want)
+        while stack:
+            row = stack.pop()
+            if row in self.out or row in needed or not self._valid(row, candidates):
+                continue
+            needed[row] = None
+            k, v = row
+            parent = candidates[v].parent
+            if parent != ROOT:
+                stack.append((self._source(k), parent))
+            ancestor = parent
+            while ancestor != ROOT:
+                stack.append((k, ancestor))
+                ancestor = candidates[ancestor].parent
+        while needed:  # a row is ready once its hidden input is computed; its ancestors' rows are then ready too
+            ready = [r for r in needed if self._hidden(r, candidates) is not None]
+            if not ready:
+                raise SpecvizError("MTP draft rows depend on each other in a cycle (a bug)")
+            for k in range(self.n):
+                batch = sorted((r for r in ready if r[0] == k), key=lambda r: candidates[r[1]].depth)
+                if batch:
+                    self._forward(k, batch, candidates)
+            for row in ready:
+                del needed[row]
+
+    def _hidden(self, row: tuple[int, int], candidates: list[dynamic_tree.Candidate]) -> torch.Tensor | None:
+        k, v = row
+        parent, source = candidates[v].parent, self._source(row[0])
+        found = self.committed(source) if parent == ROOT else self.out.get((source, parent))
+        return None if found is None else self.runner.feed(source, found)
+
+    def _forward(self, k: int, batch: list[tuple[int, int]], candidates: list[dynamic_tree.Candidate]) -> None:
+        device = self.drafter._device
+        cache = self.drafter._caches[k]
+        cached, committed = kv.cache_length(cache), self.drafter._rows[k]
+        for index, row in enumerate(batch):
+            self.slot[row] = cached + index
+        visible = torch.zeros(len(batch), cached + len(batch), dtype=torch.bool)
+        visible[:, :committed] = True
+        for index, (_, v) in enumerate(batch):
+            visible[index, cached + index] = True
+            ancestor = candidates[v].parent
+            while ancestor != ROOT:
+                slot = self.slot.get((k, ancestor))
+                if slot is not None:
+                    visible[index, slot] = True
+                ancestor = candidates[ancestor].parent
+        hidden = torch.stack([self._hidden(row, candidates) for row in batch])
+        tokens = torch.tensor([[candidates[v].token for _, v in batch]], device=device)
+        positions = torch.tensor([[self.base + candidates[v].depth - k for _, v in batch]], device=device)
+        mask = None if bool(visible.all()) else visible.to(device)
+        out = self.runner.step(k, hidden[None], tokens, positions, cache=cache, mask=mask)[0]
+        for index, row in enumerate(batch):
+            self.out[row] = out[index]
+
+
+# ---- the family -------------------------------------------------------------------------------------------------
+def _build(argument: str, target, settings) -> MtpDrafter:
+    """``mtp:<dir|hub id>``; bare ``mtp``: the target checkpoint's own MTP layers, else the shipped modules."""
+    source: str | Path | None = argument or own_mtp_source(target.model)
+    if source is None:
+        if not (checkpoint_files.shipped_dir(target.name, "mtp") / "config.json").is_file():
+            raise SpecvizError(f"no MTP modules are shipped for {target.name} and its checkpoint carries none; give "
+                               f"mtp:<dir or hub id>")
+        source = checkpoint_files.shipped_dir(target.name, "mtp")
+    stack = load_stack(source, target.model)
+    return MtpDrafter(stack, target.vocab_size, name=f"mtp:{argument}" if argument else "mtp",
+                      stochastic_tree=bool(settings["stochastic_tree"]))
+
+
+FAMILY = register(DrafterFamily(
+    name="mtp",
+    syntax="mtp[:<dir|hub id>]",
+    title=TITLE,
+    description=("DeepSeek-V3-style multi-token prediction modules on the target's last hidden state, draft step d "
+                 "by module (d-1) mod n (a chain, or EAGLE-2's dynamic tree with --tree); loads DeepSeek-V3/GLM-4.5, "
+                 "Qwen3-Next and MiMo MTP layers, or the target checkpoint's own; bare name: the target's own MTP "
+                 "layers, else the modules shipped for it. Ours are trained post hoc on a frozen target, unlike "
+                 "real MTP layers, which are trained jointly with their model"),
+    build=_build,
+    reads=("stochastic_tree", "min_draft_prob"),
+    feature_layers=lambda num_layers: (num_layers,),
+    features="`hidden_states[L]` (after the final norm, as published MTP layers are fed)",
+    checkpoints=checkpoint_files.shipped("mtp"),
+    trainer="mtp",  # specviz train mtp (specviz.training.trainers.mtp)
+    order=33,
+))
