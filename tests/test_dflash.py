@@ -368,6 +368,8 @@ def sampling_target():
     return target, exact
 
 
+#: With the head-less drafter below, a third verified token costing this much is worth it after some first drafts only.
+COST_OF_THREE = 1.38
 SAMPLING_SEED = 10  # a draw of the heads where the cut depends on the first draft (1 token after some, 2 after others)
 
 
@@ -405,6 +407,22 @@ def test_dspark_sampled_scheduled_chain_keeps_the_target_distribution(sampling_t
     target, exact = sampling_target
     counts, lengths = engine_counts(target, sampling_dspark(target), DraftBudget(k=2), samples=800)
     assert lengths == {1, 2}  # the schedule really cut some rounds and not others
+    assert chi_square_p(counts, exact) > PASS_P
+
+
+def test_dspark_without_a_confidence_head_cuts_only_on_earlier_drafts(sampling_target):
+    """Without a confidence head the survival uses the mode probability of each draft's row, which depends on the
+    drafts before it only: the cut still varies with the first draft, and the output keeps the target's law."""
+    target, exact = sampling_target
+    model = new_model(target.model, "dspark", mask_token_id=V - 1, feature_layers=(0, 1), seed=5, markov_rank=8,
+                      confidence_head=False)
+    generator = torch.Generator().manual_seed(SAMPLING_SEED)
+    with torch.no_grad():
+        model.markov_head.markov_w1.weight.normal_(0, 3.0, generator=generator)
+        model.markov_head.markov_w2.weight.normal_(0, 3.0, generator=generator)
+    drafter = DSparkDrafter(model, V, cost_curve=CostCurve.from_points({1: 1.0, 2: 1.0, 3: COST_OF_THREE}))
+    counts, lengths = engine_counts(target, drafter, DraftBudget(k=2), samples=800)
+    assert lengths == {1, 2}
     assert chi_square_p(counts, exact) > PASS_P
 
 
