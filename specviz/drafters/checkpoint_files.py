@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -122,3 +123,15 @@ def resolve_source(source: str | Path, what: str, patterns: tuple[str, ...] = DE
     except Exception as error:  # noqa: BLE001 - hub errors come in many types; hub_error words them
         raise hub.hub_error(text, error) from None
     return Path(folder), f"hub:{text}"
+
+
+def spec_from_dict(cls, data: dict, key: str, tuple_fields: tuple[str, ...] = ()):
+    """A family's spec dataclass from its config record ``key``; unknown or malformed fields are one-line errors.
+    ``tuple_fields`` hold integer lists in JSON and tuples in the spec."""
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise SpecvizError(f"{key} has unknown fields {unknown}")
+    try:
+        return cls(**{**data, **{name: tuple(int(i) for i in data[name]) for name in tuple_fields}})
+    except (TypeError, KeyError, ValueError) as error:
+        raise SpecvizError(f"{key} is malformed: {error}") from None

@@ -34,12 +34,12 @@ DeepSpec refuses it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from specviz.drafters.checkpoint_files import read_config  # noqa: F401 - re-exported
+from specviz.drafters.checkpoint_files import read_config, spec_from_dict  # noqa: F401 - re-exported
 from specviz.drafters.eagle_layouts import TargetShape
 from specviz.errors import SpecvizError
 
@@ -131,14 +131,7 @@ class BlockSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> BlockSpec:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise SpecvizError(f"{SPEC_KEY} has unknown fields {unknown}")
-        try:
-            return cls(**{**data, "feature_layers": tuple(int(i) for i in data["feature_layers"])})
-        except (TypeError, KeyError) as error:
-            raise SpecvizError(f"{SPEC_KEY} is malformed: {error}") from None
+        return spec_from_dict(cls, data, SPEC_KEY, ("feature_layers",))
 
 
 # ---- feature layers ---------------------------------------------------------------------------------------------

@@ -37,12 +37,12 @@ decoder layer i - 1, L = after the final norm). Sources differ, and this is wher
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from specviz.drafters.checkpoint_files import read_config, read_tensors  # noqa: F401 - re-exported
+from specviz.drafters.checkpoint_files import read_config, read_tensors, spec_from_dict  # noqa: F401 - re-exported
 from specviz.errors import SpecvizError
 
 DIALECTS = ("specviz", "eagle1-official", "eagle3-official", "eagle3-specforge", "eagle3-speculators")
@@ -120,14 +120,7 @@ class HeadSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> HeadSpec:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise SpecvizError(f"{SPEC_KEY} has unknown fields {unknown}")
-        try:
-            return cls(**{**data, "feature_layers": tuple(int(i) for i in data["feature_layers"])})
-        except (TypeError, KeyError) as error:
-            raise SpecvizError(f"{SPEC_KEY} is malformed: {error}") from None
+        return spec_from_dict(cls, data, SPEC_KEY, ("feature_layers",))
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,11 @@ Output layers equal to the target's are not kept: the heads borrow the target's 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 
+from specviz.drafters.checkpoint_files import spec_from_dict
 from specviz.drafters.eagle_layouts import TargetShape
 from specviz.errors import SpecvizError
 
@@ -76,13 +77,7 @@ class MedusaSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> MedusaSpec:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise SpecvizError(f"{SPEC_KEY} has unknown fields {unknown}")
-        try:
-            return cls(**data)
-        except TypeError as error:
-            raise SpecvizError(f"{SPEC_KEY} is malformed: {error}") from None
+        return spec_from_dict(cls, data, SPEC_KEY)
 
 
 def expected_shapes(spec: MedusaSpec) -> dict[str, tuple[int, ...]]:

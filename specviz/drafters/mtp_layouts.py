@@ -40,13 +40,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from specviz.drafters import checkpoint_files
-from specviz.drafters.checkpoint_files import load_pickle, read_config  # noqa: F401 - re-exported
+from specviz.drafters.checkpoint_files import load_pickle, read_config, spec_from_dict  # noqa: F401 - re-exported
 from specviz.drafters.eagle_layouts import TargetShape
 from specviz.errors import SpecvizError
 
@@ -105,13 +105,7 @@ class MtpSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> MtpSpec:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise SpecvizError(f"{SPEC_KEY} has unknown fields {unknown}")
-        try:
-            return cls(**data)
-        except TypeError as error:
-            raise SpecvizError(f"{SPEC_KEY} is malformed: {error}") from None
+        return spec_from_dict(cls, data, SPEC_KEY)
 
 
 def expected_shapes(spec: MtpSpec) -> dict[str, tuple[int, ...]]:
