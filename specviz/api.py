@@ -17,7 +17,7 @@ from typing import Any
 
 from specviz import settings
 from specviz.drafters import registry
-from specviz.engine import metrics, trace
+from specviz.engine import attention, metrics, trace
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
@@ -113,6 +113,7 @@ def header_for(run: Generation, prompt_text: str | None = None, chat: bool = Fal
     return trace.make_header(
         target={"name": target.name, "source": target.source, "vocab_size": target.vocab_size,
                 "forward": target.forward},
+        attention=attention.describe(target.model),
         drafter=({**run.drafter.describe(), "feature_layers": list(run.drafter.feature_layers)}
                  if run.drafter else None),
         config={**run.config.to_dict(), "chat": chat},

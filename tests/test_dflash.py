@@ -133,8 +133,33 @@ def test_greedy_matches_plain(setup, forward, case):
     if case == "dspark-scheduled":  # the schedule cut some rounds, and its choice is on record
         assert {r.meta["verify_length"] for r in run.rounds} != {7}
         assert all(len(r.tokens) == r.meta["schedule"]["length"] for r in run.rounds)
+        _check_the_cut_is_drawn(run, drafter)
     if case == "dflash-ddtree":
         assert any(not _is_chain(r.parents) for r in run.rounds)
+
+
+def _check_the_cut_is_drawn(run: Generation, drafter: DSparkDrafter) -> None:
+    """The drafts the schedule cut hang faded off the verified prefix, saying why; the root names the schedule and
+    the run label the cost curve it was chosen on."""
+    from specviz.viz.panels import run_label
+    from specviz.viz.record import RunRecord
+    from specviz.viz.tree_figure import tree_spec
+
+    for r in run.rounds:
+        cut = r.meta["pruned"]
+        drafted = len(r.tokens) + len(cut)  # the block, or fewer near the end of the generation
+        assert drafted <= 7 and [c["depth"] for c in cut] == list(range(len(r.tokens) + 1, drafted + 1))
+        assert all((c["parent"] == len(r.tokens) - 1) == (i == 0) for i, c in enumerate(cut))
+    round_ = next(r for r in run.rounds if r.meta["pruned"])
+    spec = tree_spec(round_)
+    faded = [t for trace in spec["data"] if trace.get("name") == "pruned (not verified)" for t in trace["hovertext"]]
+    assert len(faded) == len(round_.meta["pruned"])
+    assert all("cut by the confidence schedule" in h for h in faded)
+    root = next(trace for trace in spec["data"] if trace.get("name") == "context")["hovertext"][0]
+    drafted = len(round_.tokens) + len(round_.meta["pruned"])
+    assert f"verify {len(round_.tokens)} of {drafted} drafts" in root and "steep (test)" in root
+    label = run_label(RunRecord(header={"drafter": drafter.describe(), "config": {}}))
+    assert "confidence-scheduled on the verify cost (steep (test)" in label and "8: ×9.00" in label
 
 
 def test_qwen2_target_and_anchor_predicting_dflash():

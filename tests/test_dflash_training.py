@@ -13,7 +13,13 @@ from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig
 from specviz.training.batches import Batch, make_batch
 from specviz.training.trainers import TRAINERS, TrainConfig, fit, get_trainer
-from specviz.training.trainers.dflash import block_outputs, position_gamma, sample_anchors, total_variation
+from specviz.training.trainers.dflash import (
+    block_outputs,
+    expected_calibration_error,
+    position_gamma,
+    sample_anchors,
+    total_variation,
+)
 
 VOCAB = 64
 LAYERS = 8
@@ -58,6 +64,11 @@ def test_training_forward_reproduces_the_drafted_block(kind):
     if kind == "dspark":
         torch.testing.assert_close(out.confidence, torch.tensor(trees[-1].meta["confidence_head"]), atol=1e-5,
                                    rtol=1e-4)
+    # the held-out evaluation's guess at position a is the first draft of the block anchored at a (what the drafter
+    # proposed here), compared there with the target's argmax for token a + 1
+    trainer = get_trainer(kind)(target, {"mask_token_id": MASK, "markov_rank": 16})
+    guess = trainer.predict_argmax(model, batch.input_ids, batch.hidden)
+    assert guess[len(context) - 1] == tree.tokens[0] and guess[-1] == -1
 
 
 def test_blocks_see_only_their_context_and_themselves():
@@ -127,7 +138,13 @@ def test_short_training_lowers_the_loss_and_saves(kind, tmp_path):
     span = data.sequence(0)
     guess = trainer.predict_argmax(student, data.input_ids[span][None],
                                    {layer: h[span][None] for layer, h in data.hidden.items()})
-    assert guess.shape == (24,) and guess[0] == -1 and bool((guess[1:] >= 0).all())
+    assert guess.shape == (24,) and guess[-1] == -1 and bool((guess[:-1] >= 0).all())
+    calibration = trainer.heldout_metrics(student, data)
+    if kind == "dspark":  # every block position of every answer, scored against what greedy verification accepts
+        assert calibration["confidence_positions"] > 16 * 10 and 0 <= calibration["confidence_ece"] <= 1
+        assert 0 < calibration["confidence_mean"] < 1 and 0 <= calibration["greedy_acceptance_mean"] <= 1
+    else:
+        assert calibration == {}  # DFlash has no confidence head
     trainer.save_pretrained(student, tmp_path / "final")
     loaded = dflash.load_drafter(tmp_path / "final", target.model, kind=kind)
     assert loaded.spec == student.spec
@@ -136,3 +153,12 @@ def test_short_training_lowers_the_loss_and_saves(kind, tmp_path):
 def test_trainers_are_registered():
     assert {"dflash", "dspark"} <= set(TRAINERS)
     assert registry.trainers()["dspark"].name == "dspark"
+
+
+def test_expected_calibration_error():
+    tenths = torch.tensor([0.9] * 10 + [0.25] * 4)
+    assert expected_calibration_error(tenths, torch.tensor([1.0] * 9 + [0.0] + [1.0, 0, 0, 0])) == pytest.approx(0)
+    assert expected_calibration_error(torch.ones(5), torch.zeros(5)) == pytest.approx(1)
+    # two bins, each off by 0.2 and 0.4, weighted by their sizes (3 and 1)
+    assert expected_calibration_error(torch.tensor([0.5, 0.5, 0.5, 0.1]),
+                                      torch.tensor([0.7, 0.7, 0.7, 0.5])) == pytest.approx((3 * 0.2 + 0.4) / 4)

@@ -25,7 +25,6 @@ from specviz.drafters.eagle_layouts import TargetShape
 from specviz.drafters.medusa import (
     MedusaDrafter,
     MedusaHeads,
-    acceptance_by_label,
     build_heads,
     check_choices,
     default_choices,
@@ -37,6 +36,7 @@ from specviz.drafters.medusa import (
 )
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.metrics import acceptance_by_label
 from specviz.errors import SpecvizError
 from specviz.training.batches import make_batch
 from specviz.training.trainers import TrainConfig, fit, get_trainer
@@ -118,10 +118,11 @@ def test_drafts_are_partly_accepted_and_labelled_by_head(setup):
         for node, parent in enumerate(record.parents):  # confidence: the path product of the heads' q
             expected = record.q_draft[node] * (1.0 if parent < 0 else record.confidence[parent])
             assert record.confidence[node] == pytest.approx(expected, rel=1e-5)
-    per_head = acceptance_by_label(run.rounds)
-    assert per_head[0]["reached"] == len(run.rounds)
-    assert per_head[0]["accepted"] == sum(1 for r in run.rounds if r.accepted)
-    assert per_head[1]["reached"] == per_head[0]["accepted"]
+    per_head = acceptance_by_label(run.rounds, "head")
+    assert per_head[0].offered == len(run.rounds)
+    assert per_head[0].accepted == sum(1 for r in run.rounds if r.accepted)
+    assert per_head[1].offered == per_head[0].accepted
+    assert [list(stats.depths) for stats in per_head.values()] == [[h + 1] for h in per_head]
     json.dumps([r.meta for r in run.rounds])
 
 

@@ -218,13 +218,14 @@ def test_embedded_default_target_loads():
 def test_attention_backend_choice(monkeypatch):
     from specviz.models import device
 
-    monkeypatch.setattr(device, "flash_attn_available", lambda: True)
-    assert device.choose_attn_implementation("cuda:0", torch.bfloat16) == "flash_attention_2"
-    assert device.choose_attn_implementation("cuda:0", torch.bfloat16, need_tree_mask=True) == "sdpa"
-    assert device.choose_attn_implementation("cuda", torch.float32) == "sdpa"
-    assert device.choose_attn_implementation("cpu", torch.bfloat16) == "sdpa"
-    monkeypatch.setattr(device, "flash_attn_available", lambda: False)
-    assert device.choose_attn_implementation("cuda", torch.bfloat16) == "sdpa"
+    for installed in (True, False):  # CUDA: the cascade (its prefix kernel is chosen apart); elsewhere SDPA
+        monkeypatch.setattr(device, "flash_attn_available", lambda installed=installed: installed)
+        assert device.choose_attn_implementation("cuda:0", torch.bfloat16) == "specviz_cascade"
+        assert device.choose_attn_implementation("cuda", torch.float32, need_tree_mask=True) == "specviz_cascade"
+        assert device.choose_attn_implementation("cpu", torch.bfloat16) == "sdpa"
+        assert device.choose_attn_implementation("mps", torch.float16) == "sdpa"
+    assert device.Runtime("cuda", torch.bfloat16, "specviz_cascade").supports_tree_mask
+    assert not device.Runtime("cuda", torch.bfloat16, "flash_attention_2").supports_tree_mask
     assert device.choose_dtype("cpu") == torch.float32 and device.choose_dtype("cpu", "bf16") == torch.bfloat16
 
 

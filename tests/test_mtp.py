@@ -22,11 +22,11 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from specviz.drafters import mtp_layouts as layouts
 from specviz.drafters import registry
 from specviz.drafters.eagle_layouts import TargetShape
-from specviz.drafters.medusa import acceptance_by_label
 from specviz.drafters.mtp import MtpDrafter, MtpStack, build_stack, load_stack, new_stack, save_stack
 from specviz.engine import accept as accept_module
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.metrics import acceptance_by_label
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError
 from specviz.training.batches import make_batch
@@ -113,7 +113,10 @@ def test_drafts_are_partly_accepted_and_labelled_by_module(setup, modules):
         assert record.meta["module"] == [(d - 1) % modules for d in depth]
         assert all(node["module"] == (node["depth"] - 1) % modules for node in record.meta.get("pruned", []))
     per_module = acceptance_by_label(run.rounds, "module")
-    assert set(per_module) == set(range(modules)) and per_module[0]["reached"] == len(run.rounds)
+    assert set(per_module) == set(range(modules)) and per_module[0].depths[1].offered == len(run.rounds)
+    for k, stats in per_module.items():  # module k drafts depths k + 1, k + 1 + n, ...: offered once at each
+        assert set(stats.depths) <= set(range(k + 1, budget.depth + 1, modules))
+        assert stats.offered == sum(d.offered for d in stats.depths.values())
 
 
 @pytest.mark.parametrize("length", [1, 2, 3])
@@ -559,6 +562,7 @@ def test_registry_and_spec(tmp_path, setup):
     drafter = registry.build(f"mtp:{folder}", target, {"stochastic_tree": True, "min_draft_prob": 0.0})
     assert isinstance(drafter, MtpDrafter) and drafter.stochastic_tree
     assert drafter.describe()["modules"] == 3 and drafter.describe()["trained"].startswith("post hoc")
+    assert "not jointly with the model" in drafter.describe()["trained"]  # the app's run label shows it
     for stack in stacks.values():
         assert layouts.MtpSpec.from_dict(json.loads(json.dumps(stack.spec.to_dict()))) == stack.spec
         assert {k: tuple(v.shape) for k, v in stack.state_dict().items()} == layouts.expected_shapes(stack.spec)

@@ -39,7 +39,8 @@ class Table:
         self.logits: dict[tuple[int, ...], torch.Tensor] = {}
         with torch.inference_mode():
             for extra in [(), *[(a,) for a in range(V)], *itertools.product(range(V), range(V))]:
-                self.logits[extra] = net(torch.tensor([PROMPT + list(extra)])).logits[0, -1].float()
+                ids = torch.tensor([PROMPT + list(extra)], device=net.device)
+                self.logits[extra] = net(ids).logits[0, -1].float().cpu()  # the accept-rule tests run on the CPU
         self.probs = {k: probabilities(v, config) for k, v in self.logits.items()}
 
     def joint(self) -> dict[tuple[int, int], float]:

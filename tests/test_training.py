@@ -345,3 +345,36 @@ def test_cli_trains_on_a_prompt_file_and_reports_its_held_out_part(tmp_path, cap
         capsys.readouterr()
         assert main([*common, *bad]) == 2
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_one_feature_extraction_serves_every_family_that_reads_a_subset_of_its_layers(tmp_path, capsys):
+    """``--feature-layers`` caches a superset; a second family reading some of those layers builds no new file, and
+    its features equal a fresh extraction of just its own layers (so reuse changes nothing it trains on)."""
+    target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(story(5, 600))
+    common = ["--target", str(target_dir), "--data", str(corpus), "--steps", "2", "--batch-size", "2",
+              "--seq-len", "48", "--prompts", "4", "--eval-prompts", "2", "--gen-tokens", "5", "--gen-batch", "4",
+              "--corpus-tokens", "100", "--save-every", "2"]
+    shared = tmp_path / "shared"
+    assert main(["mtp", *common, "--out", str(tmp_path / "mtp"), "--cache-dir", str(shared),
+                 "--feature-layers", "0,1,2", "--export", str(tmp_path / "mtp-card")]) == 0
+    card = (tmp_path / "mtp-card" / "README.md").read_text()
+    assert "**Trained post hoc**" in card and "averaged over modules" in card and "`hidden_states[2]`" in card
+    files = sorted(p.name for p in (shared / "features").iterdir())
+    hidden_files = [name for name in files if "hidden" in name or name.startswith("corpus")]
+    assert {tuple(FeatureSet.read_meta(shared / "features" / n)["layers"]) for n in hidden_files} == {(0, 1, 2)}
+    assert main(["medusa", *common, "--out", str(tmp_path / "medusa"), "--cache-dir", str(shared),
+                 "--set", "medusa_heads=2", "--export", str(tmp_path / "medusa-card")]) == 0
+    assert "2 heads on the target's last hidden state" in (tmp_path / "medusa-card" / "README.md").read_text()
+    assert sorted(p.name for p in (shared / "features").iterdir()) == files  # nothing new was extracted
+    assert main(["medusa", *common, "--out", str(tmp_path / "alone"), "--cache-dir", str(tmp_path / "own"),
+                 "--set", "medusa_heads=2"]) == 0
+    reused = json.loads((tmp_path / "medusa" / "metrics.json").read_text())
+    alone = json.loads((tmp_path / "alone" / "metrics.json").read_text())
+    assert reused["trainer_options"]["medusa_heads"] == 2
+    assert reused["heldout"] == alone["heldout"]
+    assert reused["final_loss"] == pytest.approx(alone["final_loss"], rel=1e-4)
+    capsys.readouterr()
+    assert main(["medusa", *common, "--out", str(tmp_path / "bad"), "--set", "heads=2"]) == 2
+    assert "expected KEY=VALUE with KEY one of" in capsys.readouterr().err

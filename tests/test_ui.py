@@ -257,3 +257,57 @@ def test_draft_options_reach_the_drafter(tiny_targets, tmp_path):
         with pytest.raises(SpecvizError) as error:
             settings.request(*broken)
         assert "\n" not in str(error.value)
+
+
+# ---- MTP and Medusa in the app (untrained tiny modules and heads: the labels, not the acceptance, are tested) ------
+@pytest.fixture(scope="module")
+def mtp_medusa(tiny_targets, tmp_path_factory):
+    """Specs of two MTP modules and three Medusa heads for the tiny target, saved as local folders."""
+    from specviz.drafters.medusa import new_heads, save_heads
+    from specviz.drafters.mtp import new_stack, save_stack
+
+    model, folder = tiny_targets[0].model, tmp_path_factory.mktemp("drafters")
+    mtp = save_stack(new_stack(model, 2, seed=1), folder / "mtp", target_name="tiny")
+    medusa = save_heads(new_heads(model, 3, 1, seed=1), folder / "medusa", target_name="tiny")
+    return f"mtp:{mtp}", f"medusa:{medusa}"
+
+
+def test_compare_sides_pick_their_own_drafters():
+    from specviz.errors import SpecvizError
+    from specviz.ui import compare
+
+    base = request(drafter="ngram:3")
+    sides = compare.side_requests(base, "mtp:some/dir", compare.SAME)
+    assert (sides["chain"].drafter, sides["chain"].tree) == ("mtp:some/dir", False)
+    assert (sides["tree"].drafter, sides["tree"].tree) == ("ngram:3", True)
+    assert {r.drafter for r in compare.side_requests(base).values()} == {"ngram:3"}
+    with pytest.raises(SpecvizError, match="unknown drafter"):
+        compare.side_requests(base, None, "hydra")
+
+
+def test_mtp_run_is_labelled_by_module_and_says_it_was_trained_post_hoc(tiny_targets, mtp_medusa):
+    from specviz.viz import charts, panels
+
+    record = run_record(Session(), request(drafter=mtp_medusa[0], k=4, max_new_tokens=12))
+    assert record.finished and record.rounds
+    assert all(r.meta["module"] == [0, 1, 0, 1][: len(r.tokens)] for r in record.rounds)
+    line = panels.run_label(record)
+    assert "trained post hoc on a frozen target" in line and "not jointly with the model" in line
+    spec = charts.run_charts_spec(record.metrics(), record.rounds)
+    assert [t["name"].split(":")[0] for t in spec["data"] if t["type"] == "bar" and t["xaxis"] == "x"] == [
+        "module 1", "module 2"]  # the per-label bars of the per-position panel
+
+
+def test_app_compares_the_mtp_chain_with_the_medusa_tree(served, mtp_medusa):
+    import json
+
+    gradio_client, url = served
+    mtp, medusa = mtp_medusa
+    client = gradio_client.Client(url, verbose=False)
+    status, verdict, chain_tree, _, chain_stats, tree_tree, _, tree_stats = client.predict(
+        False, mtp, medusa, *settings_args(max_new_tokens=12), api_name="/compare")
+    assert f"chain {mtp} vs tree {medusa}" in status
+    assert f"drafter {mtp}" in chain_stats and f"drafter {medusa}" in tree_stats and "Verdict" in verdict
+    chain_plot, tree_plot = json.dumps(chain_tree), json.dumps(tree_tree)  # each side's latest round (its last
+    assert "module 1" in chain_plot and "head 1" not in chain_plot  # round may be cut to one token: depth 1 only)
+    assert "head 1" in tree_plot and "module 1" not in tree_plot

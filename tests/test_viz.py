@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specviz.engine import trace
-from specviz.engine.metrics import FORMULAS
+from specviz.engine.metrics import FORMULAS, acceptance_by_label
 from specviz.engine.round import Round, TokenChoice
 from specviz.viz import charts, debugger, diagnostics, panels
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, committed_outcomes, node_outcomes
@@ -266,3 +266,114 @@ def test_debugger_shows_rejection_sampling_draw_and_residual():
     html, fig = debugger.explain(r, "extra")
     assert "residual" in html
     assert "residual norm(max(0, p − q))" in {t.name for t in fig.data}
+
+
+# ---- node labels: Medusa's heads, MTP's modules ------------------------------------------------------------------
+def labelled(parents, accepted, key, values, **kwargs) -> Round:
+    r = make_round(parents, accepted, **kwargs)
+    r.meta = {key: list(values)}
+    return r
+
+
+def medusa_rounds() -> list[Round]:
+    """Chains and a tree labelled by head (0-based, depth d = head d - 1), as ``MedusaDrafter`` labels them."""
+    return [labelled([-1, 0, 1], [0, 1], "head", [0, 1, 2], index=0),  # heads 1, 2 accepted; head 3 rejected
+            labelled([-1, 0, 1], [], "head", [0, 1, 2], index=1, start=3),  # head 1 rejected
+            # root → {0, 1} (head 1), 0 → {2, 3} (head 2), 1 → 4 (head 2, never offered): path 0 → 2
+            labelled([-1, -1, 0, 0, 1], [0, 2], "head", [0, 0, 1, 1, 1], index=2, start=4)]
+
+
+def test_acceptance_by_label_counts_offers_per_depth():
+    per_head = acceptance_by_label(medusa_rounds(), "head")
+    assert list(per_head) == [0, 1, 2]
+    assert [(s.accepted, s.offered) for s in per_head.values()] == [(2, 3), (2, 2), (0, 1)]
+    assert per_head[0].rate == pytest.approx(2 / 3) and per_head[2].rate == 0.0
+    # Medusa's head d drafts depth d only, so per head is per position
+    assert [s.rate for s in per_head.values()] == pytest.approx(record_of(medusa_rounds()).metrics().conditional)
+    # MTP with 2 modules on a 4-deep chain: the modules cycle, each is offered once at each of its depths
+    per_module = acceptance_by_label([labelled([-1, 0, 1, 2], [0, 1, 2], "module", [0, 1, 0, 1])], "module")
+    assert {k: (s.accepted, s.offered) for k, s in per_module.items()} == {0: (2, 2), 1: (1, 2)}
+    assert {d: (o.accepted, o.offered) for d, o in per_module[1].depths.items()} == {2: (1, 1), 4: (0, 1)}
+    assert acceptance_by_label([make_round([-1, 0], [0])], "head") == {}
+    broken = labelled([-1, 0], [0], "head", [0])  # one label for two nodes (a hand-edited trace): skipped
+    assert acceptance_by_label([broken], "head") == {}
+
+
+def test_tree_figure_labels_depths_by_head_and_module():
+    r = medusa_rounds()[2]
+    fig = tree_figure(r)
+    hovers = {h for t in fig.data if t.name in OUTCOME_LABELS.values() for h in (t.hovertext or [])}
+    node_hover = {int(h.split("</b>")[0].split()[-1]): h for h in hovers if h.startswith("<b>node ")}
+    assert all("depth 2 · head 2 ·" in node_hover[n] for n in (2, 3, 4))
+    assert all("depth 1 · head 1 ·" in node_hover[n] for n in (0, 1))
+    columns = {a.x: a.text for a in fig.layout.annotations}
+    assert columns == {1: "head 1", 2: "head 2"}
+    chain = labelled([-1, 0, 1], [0], "module", [0, 1, 0])
+    assert {a.x: a.text for a in tree_figure(chain).layout.annotations} == {1: "module 1", 2: "module 2",
+                                                                             3: "module 1"}
+    chain.meta["pruned"] = [{"token": 7, "depth": 2, "q": 0.2, "score": -1.0, "confidence": 0.1, "parent": 0,
+                             "pruned_parent": None, "module": 1}]
+    faded = _trace_named(tree_figure(chain), "pruned (not verified)")
+    assert "depth 2 · module 2 ·" in faded.hovertext[0]
+    assert not tree_figure(make_round([-1, 0], [0])).layout.annotations  # unlabelled drafters: no column labels
+
+
+def test_tokens_and_debugger_name_the_module_that_drafted_a_token():
+    chain = labelled([-1, 0, 1], [0, 1], "module", [0, 1, 2])
+    html = tokens_html(None, [chain])
+    assert "accepted draft node 0 (module 1)" in html and "accepted draft node 1 (module 2)" in html
+    assert "(module 3)" not in html  # rejected, so never committed
+    assert [c[0].split(":")[0] for c in debugger.node_choices(chain)[:3]] == [
+        "node 0 (module 1)", "node 1 (module 2)", "node 2 (module 3)"]
+
+
+def label_bars(spec: dict) -> list[dict]:
+    """The per-label bars: the per-position panel's bar traces (only they are bars on axes x/y)."""
+    return [t for t in spec["data"] if t["type"] == "bar" and t["xaxis"] == "x"]
+
+
+def test_per_label_chart_has_one_bar_trace_per_head():
+    rounds = medusa_rounds()
+    rec = record_of(rounds)
+    spec = charts.run_charts_spec(rec.metrics(), rounds)
+    bars = label_bars(spec)
+    assert [t["name"] for t in bars] == ["head 1: 67% (2/3)", "head 2: 100% (2/2)", "head 3: 0% (0/1)"]
+    assert [t["x"] for t in bars] == [[1], [2], [3]]
+    assert [t["y"] for t in bars] == [pytest.approx([2 / 3]), [1.0], [0.0]]
+    assert all(t["yaxis"] == "y" for t in bars)  # the per-position panel
+    assert "Per-position acceptance (bars: per head)" in [a["text"] for a in spec["layout"]["annotations"]]
+    go_figure = charts.run_charts(rec.metrics(), rounds)  # and plotly accepts it
+    assert len([t for t in go_figure.data if t.type == "bar" and t.xaxis == "x"]) == 3
+    # MTP: module 1 owns depths 1 and 3 of a 2-module chain; two labels at one depth stand side by side
+    mtp = [labelled([-1, 0, 1], [0, 1], "module", [0, 1, 0])]
+    module_bars = label_bars(charts.run_charts_spec(record_of(mtp).metrics(), mtp))
+    assert [(t["name"], t["x"]) for t in module_bars] == [("module 1: 50% (1/2)", [1, 3]),
+                                                          ("module 2: 100% (1/1)", [2])]
+    mixed = [labelled([-1, -1], [0], "node_labels", ["a", "b"])]
+    xs = [t["x"][0] for t in label_bars(charts.run_charts_spec(record_of(mixed).metrics(), mixed))]
+    assert xs == pytest.approx([0.8, 1.2])
+    plain = charts.run_charts_spec(rec.metrics(), [make_round([-1, 0], [0])])  # other drafters: unchanged
+    assert not label_bars(plain)
+    assert "Per-position acceptance" in [a["text"] for a in plain["layout"]["annotations"]]
+
+
+def test_node_labels_are_escaped_everywhere():
+    r = labelled([-1, 0], [0], "node_labels", ["<b>x</b>", XSS])
+    figure = json.dumps(tree_figure(r).to_plotly_json())
+    chart = json.dumps(charts.run_charts(record_of([r]).metrics(), [r]).to_plotly_json())
+    for data in (figure, chart):
+        assert "<img" not in data and "<b>x" not in data and "&lt;b&gt;x" in data
+    assert "&lt;img" in figure
+    html = tokens_html(None, [r])
+    assert "<b>x" not in html and "(&lt;b&gt;x&lt;/b&gt;)" in html
+
+
+def test_run_label_says_how_an_mtp_drafter_was_trained():
+    rec = record_of([make_round([-1], [0])])
+    rec.header["drafter"] = {"name": "mtp", "feature_layers": [2], "trained": "post hoc on a frozen target by "
+                             "specviz, not jointly with the model as published MTP layers are"}
+    line = panels.run_label(rec)
+    assert "drafter mtp (reads the target's hidden_states[2]; trained post hoc on a frozen target" in line
+    assert "not jointly with the model" in line
+    rec.header["drafter"] = {"name": "ngram"}
+    assert "trained" not in panels.run_label(rec)

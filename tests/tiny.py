@@ -2,12 +2,18 @@
 
 ``tokenizer`` / ``model`` / ``target``: in-memory targets for engine tests. ``tiny_tokenizer`` / ``save_tiny_model``: a
 tokenizer with specials and a chat template, and a model directory on disk, for loading and training tests.
+
+The GPU check (``python -m specviz gpu-check``) runs the lossless tests on another device, dtype and attention backend
+through ``SPECVIZ_TEST_DEVICE`` (default ``cpu``), ``SPECVIZ_TEST_DTYPE`` (default float32) and
+``SPECVIZ_TEST_ATTENTION`` (default ``sdpa``; e.g. ``specviz_cascade``); ``model`` and ``target`` follow them.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -15,7 +21,14 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specviz.engine.target import Target
-from specviz.models import fast_forward
+from specviz.models import cascade_attention, fast_forward
+from specviz.models.device import choose_dtype
+
+DEVICE = os.environ.get("SPECVIZ_TEST_DEVICE", "cpu")
+DTYPE = choose_dtype(DEVICE, os.environ.get("SPECVIZ_TEST_DTYPE", "float32"))
+ATTENTION = os.environ.get("SPECVIZ_TEST_ATTENTION", "sdpa")
+if ATTENTION == cascade_attention.NAME:
+    cascade_attention.register()
 
 
 def tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
@@ -31,13 +44,15 @@ def tokenizer_from(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
 
 
 def model(arch: str = "llama", vocab_size: int = 64, layers: int = 2, hidden: int = 32, seed: int = 0,
-          scale: float = 1.0, max_positions: int = 1024, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A random causal LM; ``scale`` multiplies the output layer so next-token distributions are peaked (> 1)."""
+          scale: float = 1.0, max_positions: int = 1024, dtype: torch.dtype | None = None,
+          attention: str | None = None) -> torch.nn.Module:
+    """A random causal LM on ``DEVICE``; ``scale`` multiplies the output layer so next-token distributions are peaked
+    (> 1). ``dtype`` and ``attention`` default to ``DTYPE`` and ``ATTENTION``."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                   initializer_range=0.02, eos_token_id=None, bos_token_id=None, pad_token_id=None,
-                  tie_word_embeddings=False, attn_implementation="sdpa")
+                  tie_word_embeddings=False, attn_implementation=attention or ATTENTION)
     if arch == "llama":
         net = LlamaForCausalLM(LlamaConfig(**common))
     elif arch == "qwen2":
@@ -47,11 +62,13 @@ def model(arch: str = "llama", vocab_size: int = 64, layers: int = 2, hidden: in
     net.generation_config.eos_token_id = None
     with torch.no_grad():
         net.lm_head.weight.mul_(scale)
-    return net.to(dtype).eval()
+    return net.to(device=DEVICE, dtype=dtype or DTYPE).eval()
 
 
 def target(arch: str = "llama", vocab_size: int = 64, forward: str = "hf", **kwargs) -> Target:
     """A tiny target run through transformers' forward (``hf``) or the fast path's packed-kernel copy (``fast``)."""
+    if forward == "fast" and DEVICE != "cpu":
+        pytest.skip("the fast forward runs on the CPU only")
     net = model(arch, vocab_size, **kwargs)
     if forward == "fast":
         net = fast_forward.fast_copy(net)

@@ -567,6 +567,7 @@ class DSparkDrafter(BlockDrafter):
         q_dist = torch.zeros(length + 1, self.vocab_size)
         q_dist[: min(length + 1, cap)] = rows[: length + 1]
         meta = {"block": self._block_meta(tokens, q_token), "survival": [round(s, 6) for s in survival],
+                "pruned": _cut_tail(tokens, q_token, survival, length),
                 "confidence_head": None if heads is None else [round(c, 6) for c in heads],
                 "verify_length": length, "schedule": None if plan is None else
                 {**plan.to_dict(), "curve": self.cost_curve.source}}
@@ -598,6 +599,14 @@ class DSparkDrafter(BlockDrafter):
                 previous = sample(rows[k], generator)
             tokens.append(previous)
         return tokens, rows, heads
+
+
+def _cut_tail(tokens: list[int], q_token: list[float], survival: list[float], length: int) -> list[dict]:
+    """The drafts the schedule did not verify, as ``meta["pruned"]`` records (a chain hanging off the last verified
+    draft), so the tree view draws them faded beside the verified prefix."""
+    return [{"token": tokens[j], "depth": j + 1, "q": q_token[j], "confidence": survival[j],
+             "parent": (length - 1) if j == length else None, "pruned_parent": None if j == length else j - length - 1,
+             "reason": "drafted, then cut by the confidence schedule"} for j in range(length, len(tokens))]
 
 
 def _cumulative_product(values: list[float]) -> list[float]:

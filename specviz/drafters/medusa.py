@@ -9,8 +9,8 @@ choice from the last round) the newest known feature is the one of position P - 
 target used to choose the pending token. That is Medusa's own arrangement: its tree root is the base model's
 prediction from the last accepted position, and its heads read that same position. So depth 1 (token P + 1) is
 head 0 on the feature of P - 1, and depth d is head d - 1; the heads never see the pending token, they assume
-it. ``DraftTree.meta["head"]`` records the head of each node, and ``acceptance_by_label`` turns rounds into
-per-head acceptance.
+it. ``DraftTree.meta["head"]`` records the (0-based) head of each node, and
+``specviz.engine.metrics.acceptance_by_label`` turns rounds into per-head acceptance.
 
 **Trees.** A chain is the top-1 path. ``--tree`` drafts a static tree from a choices list in Medusa's format (a
 list of rank paths: ``(0, 1)`` = head 0's top token, then head 1's second), the one shipped with the heads or, for
@@ -436,30 +436,6 @@ def static_tree(choices: Choices, ranked: list[list[int]], q: torch.Tensor, min_
     return DraftTree(tokens=tokens, parents=parents, q_token=q_token, q_dist=rows, sampled=False,
                      confidence=[max(0.0, min(1.0, c)) if math.isfinite(c) else 0.0 for c in confidence],
                      meta={"head": head})
-
-
-def acceptance_by_label(rounds: Iterable, key: str = "head") -> dict[int, dict[str, float]]:
-    """Per-label acceptance from round records (``meta[key]`` per node: Medusa's head, MTP's module).
-
-    A label is *reached* in a round when the accepted path got to a node (or the root) with a child of that label;
-    ``rate`` = accepted / reached, the head's conditional acceptance, which Medusa reports per head.
-    """
-    stats: dict[int, dict[str, float]] = {}
-    for record in rounds:
-        labels = (getattr(record, "meta", None) or {}).get(key)
-        if not labels:
-            continue
-        parents, path = record.parents, list(record.accepted)
-        reached_nodes = {ROOT, *path}
-        for label in sorted(set(labels)):
-            kids = [i for i, lab in enumerate(labels) if lab == label]
-            entry = stats.setdefault(label, {"reached": 0, "accepted": 0})
-            if any(parents[i] in reached_nodes for i in kids):
-                entry["reached"] += 1
-                entry["accepted"] += int(any(i in path for i in kids))
-    for entry in stats.values():
-        entry["rate"] = entry["accepted"] / entry["reached"] if entry["reached"] else 0.0
-    return dict(sorted(stats.items()))
 
 
 # ---- the family -------------------------------------------------------------------------------------------------

@@ -394,8 +394,9 @@ class MtpDrafter(Drafter):
         spec = self.stack.spec
         return {"name": self.name, "modules": spec.num_modules, "feature_layers": list(self.feature_layers),
                 "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
-                "trained": "post hoc on a frozen target (specviz)" if spec.origin == "post-hoc"
-                else "jointly with the model (published MTP layers)", "stochastic_tree": self.stochastic_tree}
+                "trained": "post hoc on a frozen target by specviz, not jointly with the model as published MTP "
+                "layers are" if spec.origin == "post-hoc" else "jointly with the model (published MTP layers)",
+                "stochastic_tree": self.stochastic_tree}
 
     def module_caches(self) -> list[DynamicCache]:
         return self._caches

@@ -5,8 +5,8 @@ A *round* is one target verify forward. Counting the bonus/correction token, pla
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 
 from specviz.engine.round import Round
 
@@ -15,6 +15,8 @@ FORMULAS = {
     "acceptance_rate": "acceptance rate = accepted draft tokens ÷ drafted tokens (all tree nodes count as drafted)",
     "per_position": "conditional[d] = P(depth-d draft accepted | depth d-1 accepted and a depth-d node was drafted); "
     "cumulative[d] = P(accepted length ≥ d)",
+    "per_label": "acceptance of label L (Medusa's head, MTP's module) = times the accepted path went on into a child "
+    "labelled L ÷ times it reached a node with a child labelled L (per depth, and summed over depths)",
     "histogram": "histogram[a] = rounds whose accepted draft length is a (0 = every draft token rejected)",
     "tokens_per_s": "tokens/s = new tokens ÷ generation wall time (prefill + every round; excludes the caller's time)",
     "speedup": "speedup = speculative tokens/s ÷ plain-decoding tokens/s of the same target, measured on this machine",
@@ -90,3 +92,52 @@ def compute(rounds: Sequence[Round], elapsed_s: float | None = None) -> Metrics:
 
 def speedup(speculative_tokens_per_s: float, plain_tokens_per_s: float) -> float:
     return speculative_tokens_per_s / plain_tokens_per_s if plain_tokens_per_s > 0 else 0.0
+
+
+@dataclass
+class Offered:
+    """How often the accepted path reached a parent of some nodes (offered) and went on into one of them."""
+
+    offered: int = 0
+    accepted: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.offered if self.offered else 0.0
+
+
+@dataclass
+class LabelAcceptance(Offered):
+    """``Offered`` for one node label over a run, and split by draft depth (``depths[d]``)."""
+
+    depths: dict[int, Offered] = field(default_factory=dict)
+
+
+def acceptance_by_label(rounds: Iterable[Round], key: str) -> dict[int | str, LabelAcceptance]:
+    """Per-label acceptance (``FORMULAS["per_label"]``) from ``meta[key]``, one label per draft node.
+
+    Medusa labels nodes by head and MTP by module, so this is the per-head acceptance Medusa reports. Each node
+    the accepted path reaches (the root first) *offers* every label among its children once; the offer is
+    accepted when the path goes on into a child with that label. A label repeated down a path (MTP's modules
+    cycle when the draft is deeper than the stack) is offered once per depth. Rounds without labels are skipped.
+    """
+    stats: dict[int | str, LabelAcceptance] = {}
+    for round_ in rounds:
+        labels = (round_.meta or {}).get(key)
+        if not isinstance(labels, list) or len(labels) != len(round_.tokens) or \
+                not all(isinstance(label, (int, str)) for label in labels):
+            continue  # no labels, or not one plain label per node (a hand-edited trace)
+        children: dict[int, list[int]] = {}
+        for node, parent in enumerate(round_.parents):
+            children.setdefault(parent, []).append(node)
+        path = round_.accepted
+        for step, at in enumerate([-1, *path]):  # -1: the root
+            taken = path[step] if step < len(path) else None
+            for label in dict.fromkeys(labels[node] for node in children.get(at, [])):
+                hit = taken is not None and labels[taken] == label
+                entry = stats.setdefault(label, LabelAcceptance())
+                depth = entry.depths.setdefault(step + 1, Offered())
+                for counts in (entry, depth):
+                    counts.offered += 1
+                    counts.accepted += int(hit)
+    return dict(sorted(stats.items(), key=lambda item: (type(item[0]).__name__, item[0])))

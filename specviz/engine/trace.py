@@ -50,13 +50,19 @@ def versions() -> dict:
             "python": platform.python_version()}
 
 
-def make_header(*, target: dict, drafter: dict | None, config: dict, budget: dict | None, prompt: dict) -> dict:
-    return {
+def make_header(*, target: dict, drafter: dict | None, config: dict, budget: dict | None, prompt: dict,
+                attention: dict | None = None) -> dict:
+    """``attention``: the kernels the target's forwards ran (``specviz.engine.attention.describe``); optional, so
+    traces written before it existed still read."""
+    header = {
         "type": "header", "schema": SCHEMA, "version": VERSION,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "target": target, "drafter": drafter, "config": config, "budget": budget, "prompt": prompt,
         "versions": versions(),
     }
+    if attention is not None:
+        header["attention"] = attention
+    return header
 
 
 def dumps(header: dict, rounds: list[Round], summary: dict | None = None) -> str:

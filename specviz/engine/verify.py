@@ -41,7 +41,7 @@ def masked_forward(
     if visible is None:
         return model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, **keep).logits[0]
     mask = additive_mask(visible.to(device), parameter.dtype)
-    with mask_capable_attention(model):
+    with mask_capable_attention(model, visible):
         output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True,
                        **keep)
     return output.logits[0]

@@ -1,21 +1,28 @@
 """The one place that chooses device, dtype and attention backend.
 
 Every loader and trainer asks here, so a model and its drafter always end up on the same device with a
-compatible dtype, and the engine can see which attention backend it got (tree verification passes a 4D float
-mask, which only ``sdpa`` and ``eager`` accept; ``flash_attention_2`` is for chain decoding on CUDA only).
+compatible dtype, and the engine can see which attention backend it got. Tree verification passes a 4D float mask,
+which ``sdpa``, ``eager`` and ``specviz_cascade`` accept (``flash_attention_2`` serves chains only; the engine switches
+it to SDPA for a tree forward). ``specviz_cascade`` (``specviz.models.cascade_attention``) runs the committed prefix
+on a fused kernel that returns the log-sum-exp and the tree block densely; ``choose_cascade_kernel`` picks that
+kernel: the ``flash_attn`` package when installed (CUDA, half precision), else torch's own flash or memory-efficient
+kernels, and on the CPU torch's fused CPU kernel.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from specviz.errors import SpecvizError
 
+#: transformers' name for cascade attention (registered by ``specviz.models.cascade_attention.register``).
+CASCADE = "specviz_cascade"
 #: Attention backends that accept the engine's 4D float tree mask.
-TREE_MASK_BACKENDS = frozenset({"sdpa", "eager"})
+TREE_MASK_BACKENDS = frozenset({"sdpa", "eager", CASCADE})
 
 
 @dataclass(frozen=True)
@@ -74,21 +81,40 @@ def flash_attn_available() -> bool:
 
 
 def choose_attn_implementation(device: str, dtype: torch.dtype, *, need_tree_mask: bool = False) -> str:
-    """flash_attention_2 on CUDA in half precision when installed and no tree mask is needed, else sdpa."""
+    """``specviz_cascade`` on CUDA (chains and trees both get a fused kernel there), else ``sdpa`` with the 4D mask.
+
+    The CPU keeps SDPA: its fused kernel already takes the tree mask, and the cascade's extra merge did not measure
+    faster there (docs/gpu.md). Every backend chosen here takes the tree mask, so ``need_tree_mask`` changes nothing;
+    it stays for callers that state the need.
+    """
+    del need_tree_mask
+    return CASCADE if device.split(":", 1)[0] == "cuda" else "sdpa"
+
+
+@lru_cache(maxsize=32)  # asked once per attention layer per forward: the answer never changes in a process
+def choose_cascade_kernel(device: str, dtype: torch.dtype) -> str:
+    """The prefix kernel of cascade attention (names in ``specviz.models.attention_kernels.KERNELS``).
+
+    CUDA: ``flash_attn`` (the package, fp16/bf16) when installed, else torch's flash kernel (fp16/bf16 on Ampere or
+    newer), else its memory-efficient kernel (any float dtype). CPU: torch's fused CPU flash kernel where this torch has
+    it. Anything else: plain torch.
+    """
     kind = device.split(":", 1)[0]
-    if (not need_tree_mask and kind == "cuda" and dtype in (torch.float16, torch.bfloat16)
-            and flash_attn_available()):
-        return "flash_attention_2"
-    return "sdpa"
+    half = dtype in (torch.float16, torch.bfloat16)
+    if kind == "cuda":
+        if half and flash_attn_available():
+            return "flash_attn"
+        index = torch.device(device).index
+        ampere = torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device()) >= (8, 0)
+        return "torch_flash" if half and ampere else "torch_efficient"
+    if kind == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        return "torch_cpu_flash"
+    return "math"
 
 
 def choose_runtime(device: str | None = None, dtype: torch.dtype | str | None = None, *,
                    need_tree_mask: bool = False) -> Runtime:
-    """Resolve device, dtype and attention backend together.
-
-    With ``need_tree_mask`` the backend is always one that takes a 4D float mask; otherwise CUDA + flash_attn gets
-    ``flash_attention_2`` (the engine then switches to SDPA for its masked tree forwards only).
-    """
+    """Resolve device, dtype and attention backend together (``choose_attn_implementation``)."""
     resolved = choose_device(device)
     resolved_dtype = choose_dtype(resolved, dtype)
     attn = choose_attn_implementation(resolved, resolved_dtype, need_tree_mask=need_tree_mask)

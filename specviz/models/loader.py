@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError, UnsupportedModelError
-from specviz.models import fast_forward, gguf_file, hub, memory, policy, shared_embedding
-from specviz.models.device import Runtime, choose_runtime
+from specviz.models import cascade_attention, fast_forward, gguf_file, hub, memory, policy, shared_embedding
+from specviz.models.device import CASCADE, Runtime, choose_runtime
 from specviz.models.registry import REGISTRY, RegistryEntry, get_entry
 from specviz.models.safetensors_check import weight_files
 
@@ -83,6 +83,8 @@ def load_model(spec: str, *, role: str = "target", device: str | None = None, dt
     runtime = choose_runtime(device, dtype)
     if attn_implementation:
         runtime = Runtime(runtime.device, runtime.dtype, attn_implementation)
+    if runtime.attn_implementation == CASCADE:
+        cascade_attention.register()  # transformers refuses an attn_implementation it does not know
     key = (spec, runtime.device, runtime.dtype, runtime.attn_implementation)
     with _LOCK:
         if key in _CACHE:
@@ -133,8 +135,11 @@ def _load_uncached(spec: str, role: str, runtime: Runtime) -> LoadedModel:
 
 
 def _finish(model, tokenizer, source: str, runtime: Runtime) -> LoadedModel:
-    """Move to device/dtype, switch to eval mode and wrap."""
+    """Move to device/dtype, switch to eval mode and wrap (a model loaded without the cascade backend, as a GGUF
+    file is, gets it here)."""
     model = model.to(device=runtime.device, dtype=runtime.dtype).eval()
+    if runtime.attn_implementation == CASCADE and model.config._attn_implementation != CASCADE:
+        model.set_attn_implementation(CASCADE)
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name="", source=source, device=runtime.device,
                        dtype=runtime.dtype, attn_implementation=runtime.attn_implementation)

@@ -57,6 +57,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init-layers", default=None,
                         help="draft-lm: start from these target decoder layers, e.g. 0,1,2,3 (the student takes the "
                              "target's shape and shares its embedding and output layer, which are not shipped)")
+    parser.add_argument("--feature-layers", type=_layer_list, default=(),
+                        help="more hidden_states indices to cache with the ones this family reads, e.g. "
+                             "2,9,15,21,27,28,30: one slow extraction then serves every family")
+    parser.add_argument("--set", dest="trainer_options", action="append", default=[], metavar="KEY=VALUE",
+                        help="a family's own option (repeatable), e.g. markov_rank=32, anchors=16, block_size=8, "
+                             "medusa_heads=4; the model card records them")
     parser.add_argument("--autocast", choices=["bf16"], default=None,
                         help="mixed precision for the training forward/backward (fp32 weights; bf16 matmuls are "
                              "several times faster on CPUs with AMX and on GPUs)")
@@ -74,3 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specviz train", description=DESCRIPTION)
     add_train_arguments(parser)
     return parser
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices, got {text!r}") from None

@@ -63,13 +63,15 @@ def train(args: argparse.Namespace) -> dict:
     target = load_model(args.target, device=args.device)
     log(f"target {target.name} ({target.source}) on {target.device} loaded in {target.load_seconds:.1f}s")
     options = {"hidden": args.hidden, "layers": args.layers, "topk": args.topk, "softmax_sample": args.softmax_sample,
-               "init_layers": args.init_layers, "target_name": args.target}
+               "init_layers": args.init_layers, "target_name": args.target,
+               **trainer_options(trainer_cls, args.trainer_options)}
     trainer = trainer_cls(target, options)
     request = trainer.features()
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
                     extra_prompts=args.extra_prompts,
                     gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, corpus_tokens=args.corpus_tokens,
                     seq_len=args.seq_len, topk=request.topk, layers=request.layers,
+                    extra_layers=args.feature_layers,
                     stdlib_files=args.stdlib_files, seed=args.seed, prompt_files=tuple(args.prompt_file),
                     prompt_file_holdout=args.prompt_file_holdout, sampled_answers=args.sampled_answers,
                     sample_temperature=args.sample_temperature, prompt_file_repeat=args.prompt_file_repeat)
@@ -94,8 +96,10 @@ def train(args: argparse.Namespace) -> dict:
     result = fit(trainer, student, train_set, config, out, log=log)
     train_seconds = time.perf_counter() - train_started
     predict = lambda ids, hidden: trainer.predict_argmax(student, ids, hidden)  # noqa: E731
-    metrics = evaluate_agreement(predict, heldout)
-    file_metrics = evaluate_agreement(predict, data.heldout_files) if data.heldout_files is not None else None
+    metrics = {**evaluate_agreement(predict, heldout), **trainer.heldout_metrics(student, heldout)}
+    file_metrics = ({**evaluate_agreement(predict, data.heldout_files),
+                     **trainer.heldout_metrics(student, data.heldout_files)}
+                    if data.heldout_files is not None else None)
     final = out / "final"
     trainer.save_pretrained(student, final)
     history = result["history"]
@@ -115,6 +119,7 @@ def train(args: argparse.Namespace) -> dict:
     if args.resume and previous.is_file():  # a resumed run is reproduced by the chain of commands that made it
         before = json.loads(previous.read_text())
         summary["commands"] = [*before.get("commands", [before["command"]]), command]
+        summary["train_seconds"] += before.get("train_seconds", 0.0)  # the steps it resumed from
     previous.write_text(json.dumps(summary, indent=2))
     log(f"held-out top-1 agreement {metrics['top1_agreement']:.3f}, simulated chain tau "
         f"{metrics['simulated_chain_tau']}; saved {final}")
@@ -141,6 +146,22 @@ def _inference_view(target):
     if fast_forward.available(target.device, target.dtype):
         return replace(target, model=target.fast_model())
     return target
+
+
+def trainer_options(trainer_cls, pairs: list[str]) -> dict:
+    """``--set KEY=VALUE`` pairs as the family's options (values parsed as JSON where they parse, else text)."""
+    known = trainer_cls.defaults
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known:
+            raise SpecvizError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
+                               f"{', '.join(sorted(known)) or '(this family has no options)'}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
 
 
 def _check_plan(plan: DataPlan) -> None:

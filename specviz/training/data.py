@@ -33,6 +33,8 @@ class DataPlan:
     seq_len: int = 256
     topk: int = 8
     layers: tuple[int, ...] = ()
+    #: more hidden_states indices cached alongside ``layers``, so one extraction serves several families
+    extra_layers: tuple[int, ...] = ()
     stdlib_files: int = 400
     seed: int = 0
     prompt_files: tuple[str, ...] = ()
@@ -40,6 +42,11 @@ class DataPlan:
     sampled_answers: int = 0
     sample_temperature: float = 0.8
     prompt_file_repeat: int = 1
+
+    @property
+    def cached_layers(self) -> tuple[int, ...]:
+        """The layers a new feature file holds: the trainer's and the extra ones."""
+        return tuple(sorted(set(self.layers) | set(self.extra_layers))) if self.layers else ()
 
 
 @dataclass
@@ -84,16 +91,16 @@ def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str
         shards.append(shard)
     result = FeatureSet.concat(shards)
     if plan.layers:  # hidden-state trainers need a forward pass over the full sequences
-        key = cache_key("answer-hidden", target.source, plan.layers, [p.text for p in prompts], plan.gen_tokens,
-                        *extra)
-        path = cache / "features" / f"{tag}-hidden-{key}.safetensors"
-        if path.is_file():
-            return FeatureSet.load(path)
+        parts = ("answer-hidden", target.source, [p.text for p in prompts], plan.gen_tokens, *extra)
+        name = f"{tag}-hidden"
+        if (found := cached_hidden(cache, name, parts, plan)) is not None:
+            return found
         seqs = [result.input_ids[result.sequence(i)].tolist() for i in range(result.num_sequences)]
         masks = [result.loss_mask[result.sequence(i)].tolist() for i in range(result.num_sequences)]
-        result = extract_features(target.model, seqs, topk=plan.topk, layers=plan.layers, loss_masks=masks,
+        result = extract_features(target.model, seqs, topk=plan.topk, layers=plan.cached_layers, loss_masks=masks,
                                   categories=result.categories)
-        result.save(path, {"kind": "answers+hidden", "target": target.source})
+        save_hidden(result, cache, name, parts, plan, {"kind": "answers+hidden", "target": target.source})
+        return result.with_layers(plan.layers)
     return result
 
 
@@ -123,14 +130,42 @@ def corpus_features(target, documents: list[Document], plan: DataPlan, cache: Pa
     if plan.corpus_tokens <= 0:
         return None
     windows, kinds = corpus_windows(target, documents, plan)
-    key = cache_key("corpus", target.source, plan.topk, plan.layers, windows)
-    path = cache / "features" / f"corpus-{key}.safetensors"
-    if path.is_file():
-        return FeatureSet.load(path)
+    parts = ("corpus", target.source, plan.topk, windows)
+    if (found := cached_hidden(cache, "corpus", parts, plan)) is not None:
+        return found
     log(f"corpus: target features for {sum(map(len, windows))} tokens in {len(windows)} windows")
-    result = extract_features(target.model, windows, topk=plan.topk, layers=plan.layers, categories=kinds)
-    result.save(path, {"kind": "corpus", "target": target.source})
-    return result
+    result = extract_features(target.model, windows, topk=plan.topk, layers=plan.cached_layers, categories=kinds)
+    save_hidden(result, cache, "corpus", parts, plan, {"kind": "corpus", "target": target.source})
+    return result.with_layers(plan.layers)
+
+
+#: where the layers sit in each kind's cache key (as before extra layers existed, so older caches keep their names)
+LAYERS_AT = {"answer-hidden": 2, "corpus": 3}
+
+
+def feature_path(cache: Path, name: str, parts: tuple, layers: tuple[int, ...]) -> Path:
+    """The file of ``parts`` (a cache key without layers) holding exactly ``layers``."""
+    at = LAYERS_AT[parts[0]]
+    return cache / "features" / f"{name}-{cache_key(*parts[:at], layers, *parts[at:])}.safetensors"
+
+
+def cached_hidden(cache: Path, name: str, parts: tuple, plan: DataPlan) -> FeatureSet | None:
+    """A cached feature file for ``parts`` holding at least ``plan.layers`` (its own or a superset's), or None."""
+    exact = feature_path(cache, name, parts, plan.layers)
+    if exact.is_file():
+        return FeatureSet.load(exact)
+    base = cache_key(*parts)
+    for path in sorted((cache / "features").glob(f"{name}-*.safetensors")):
+        meta = FeatureSet.read_meta(path)
+        if meta.get("base") == base and set(plan.layers) <= set(meta.get("layers", ())):
+            return FeatureSet.load(path, layers=plan.layers)
+    return None
+
+
+def save_hidden(result: FeatureSet, cache: Path, name: str, parts: tuple, plan: DataPlan, meta: dict) -> None:
+    """Write ``result`` (with every cached layer) where ``cached_hidden`` finds it for any subset of its layers."""
+    meta = {**meta, "base": cache_key(*parts), "layers": list(plan.cached_layers)}
+    result.save(feature_path(cache, name, parts, plan.cached_layers), meta)
 
 
 def prompt_file_answers(target, plan: DataPlan, cache: Path, log=print) -> tuple[list[FeatureSet], FeatureSet | None]:

@@ -49,7 +49,8 @@ def engine_rows_from_bench(results: dict, drafter: str) -> dict:
     table = results["summary"]["table"]
     rows = []
     for name in results["summary"]["rows"]:
-        if name.startswith(drafter + " ") and "overall" in table.get(name, {}):
+        if name.split(" ")[0].split(":")[0] == drafter.split(":")[0] and name.startswith(drafter) and \
+                "overall" in table.get(name, {}):  # the family's variants too (dspark:fixed beside dspark)
             overall = table[name]["overall"]
             speed = overall.get("speedup") or {}
             rows.append({"setting": name, "tau": overall["tau"], "speedup": speed.get("median", float("nan")),
@@ -104,7 +105,7 @@ def _prompt_file_agreement(args: argparse.Namespace, held: dict | None) -> str:
 The first {args.prompt_file_holdout} prompts per category of the prompt file, never trained on
 ({held['sequences']} greedy target answers, {held['positions']} positions):
 
-- **top-1 agreement**: **{held['top1_agreement']:.3f}**
+- **top-1 agreement**: **{held['top1_agreement']:.3f}**{_confidence(held)}
 - replayed greedy chain τ: {taus}.
 
 | category | top-1 agreement |
@@ -155,6 +156,68 @@ def _eagle_about(summary: dict, cfg: dict, size_mib: float) -> tuple[str, str]:
     return about, architecture
 
 
+_FAMILY_ABOUT = {
+    "dflash": ("A DFlash block drafter",
+               "It drafts a block of {drafts} tokens in one forward: the block [last verified token, mask × {drafts}] "
+               "(mask = token id {mask_token_id}, which SmolLM2 never produces) attends non-causally within itself "
+               "and to the target's features of every committed position, projected by `fc` and `hidden_norm` and "
+               "injected into the keys and values of each draft layer. `--drafter dflash` drafts the block as a "
+               "chain; `--tree` drafts DDTree (best-first over the block's per-position top-k by product of "
+               "marginals)."),
+    "dspark": ("A DSpark block drafter", "The DFlash backbone drafts {drafts} tokens in one forward (mask token id "
+               "{mask_token_id}); a Markov head of rank {markov_rank} adds W2·W1[x(k−1)] to each draft's logits, "
+               "left to right within the block; a confidence head predicts each draft's acceptance. Each round "
+               "verifies only the prefix length that maximises (1 + Σ survival) ÷ cost(1 + ℓ) on this machine's "
+               "measured verify-cost curve (`--drafter dspark`); `dspark:fixed` verifies the whole block."),
+    "mtp": ("MTP modules", "DeepSeek-V3-style multi-token-prediction modules, {num_modules} of them: module k computes "
+            "h' = Block(eh_proj([enorm(emb(x)) ; hnorm(h)])) and logits = head(norm(h')); draft step d uses module "
+            "(d − 1) mod {num_modules}. **Trained post hoc** on the frozen target, not jointly with it as "
+            "DeepSeek-V3's, GLM-4.5's, Qwen3-Next's and MiMo's MTP layers are."),
+    "medusa": ("Medusa-1 heads", "{num_heads} heads on the target's last hidden state, each a residual block "
+               "x + SiLU(Linear(x)) then the target's own output layer; head i predicts token t + 2 + i. "
+               "`--drafter medusa` drafts the static tree stored in `config.json` (`medusa_choices`, derived from "
+               "the heads' measured top-k accuracy); `--shape chain` drafts the heads' argmaxes."),
+}
+#: each family's loss, after the shared data bullets
+_FAMILY_LOSS = {
+    "eagle": "cross-entropy to the target's renormalised top-{topk} distribution + 0.5 × cross-entropy on the "
+             "target's argmax (restricted to the head's draft vocabulary), with training-time test: {ttt} unrolled "
+             "steps that feed the head its own output, weighted 0.8^i",
+    "draft-lm": "cross-entropy to the target's renormalised top-{topk} distribution + 0.5 × cross-entropy on the "
+                "target's argmax (the token greedy verification accepts)",
+    "dflash": "cross-entropy to the target's renormalised top-{topk} distribution at every draft position of "
+              "blocks anchored at random trained positions, weighted exp(−(k − 1)/γ) by draft position",
+    "dspark": "per draft position (weighted exp(−(k − 1)/γ)), 0.1 × cross-entropy to the target's top-{topk} + "
+              "0.9 × the total variation ½‖p − q‖₁ (the target's mass outside its top-{topk} lumped into one bucket), "
+              "with the Markov head teacher-forced on the true previous token, plus binary cross-entropy of the "
+              "confidence head against the step's exact acceptance rate 1 − ½‖p − q‖₁",
+    "mtp": "for each module, cross-entropy to the target's renormalised top-{topk} distribution + 0.5 × "
+           "cross-entropy on its argmax, averaged over modules (DeepSeek-V3 averages its MTP losses)",
+    "medusa": "for each head, cross-entropy to the target's renormalised top-{topk} distribution + 0.5 × "
+              "cross-entropy on its argmax, head h weighted 0.8^h (Medusa-1)",
+}
+
+
+def _family_about(summary: dict, cfg: dict, size_mib: float) -> tuple[str, str]:
+    """(intro, architecture) of a block, MTP or Medusa drafter's card, from its saved spec."""
+    title, text = _FAMILY_ABOUT[summary["kind"]]
+    fields = {**cfg, "num_modules": cfg.get("num_modules", 1)}
+    if "block_size" in cfg:  # BlockSpec.drafts: b from the anchor on (DSpark), else b - 1
+        fields["drafts"] = cfg["block_size"] - (0 if cfg.get("anchor_predicts") else 1)
+    layers = cfg.get("feature_layers") or [cfg.get("feature_layer")]
+    named = ", ".join(f"`hidden_states[{i}]`" for i in layers if i is not None)
+    about = (f"{title} for speculative decoding with **{summary['target']}** (SmolLM2-135M-Instruct) as the "
+             f"target, trained by specviz's `{summary['kind']}` trainer on the target's own hidden states "
+             f"({named}; `hidden_states[i]` is the output of decoder layer i − 1, `[0]` the embedding). "
+             f"`--drafter {summary['kind']}` selects it for {summary['target']}.")
+    stored = summary.get("trainable_parameters", summary["parameters"]) / 1e6
+    architecture = (f"{text.format(**fields)}\nThe embedding and output layer are the target's own: frozen during "
+                    f"training and **not stored here** (`specviz_shared_weights` in the config names the donor; the "
+                    f"loader checks a fingerprint). Spec: `{json.dumps(cfg, sort_keys=True)}`.\n{stored:.1f}M stored "
+                    f"parameters, fp16 safetensors ({size_mib:.1f} MiB).")
+    return about, architecture
+
+
 def _architecture(args: argparse.Namespace, cfg: dict, summary: dict, size_mib: float) -> str:
     """The Architecture paragraph: a small Llama from scratch, or a copy of some of the target's layers."""
     shape = (f"hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} heads ({cfg['num_key_value_heads']} KV "
@@ -170,6 +233,26 @@ def _architecture(args: argparse.Namespace, cfg: dict, summary: dict, size_mib: 
     return (f"LlamaForCausalLM, {cfg['num_hidden_layers']} layers, {shape}, tied input/output embeddings initialised "
             f"from a PCA projection of the target's embedding matrix. {summary['parameters'] / 1e6:.1f}M parameters, "
             f"fp16 safetensors ({size_mib:.1f} MiB).")
+
+
+def _confidence(held: dict) -> str:
+    """DSpark's confidence-head calibration bullet (every block position of the answers), when it was measured."""
+    if "confidence_ece" not in held:
+        return ""
+    return (f"\n- **confidence head calibration** over {held['confidence_positions']} block positions (every trained "
+            f"anchor, Markov head on the true previous tokens): ECE (10 bins) **{held['confidence_ece']:.3f}** against "
+            f"greedy acceptance, {held['confidence_ece_sampled']:.3f} against the sampling acceptance rate "
+            f"1 − ½‖p − q‖₁; mean confidence {held['confidence_mean']:.3f}, mean greedy acceptance "
+            f"{held['greedy_acceptance_mean']:.3f}")
+
+
+def _replay_caveat(summary: dict) -> str:
+    """Why the replay overstates τ for drafters that read the target's features (all but the draft LM)."""
+    if summary["kind"] == "draft-lm":
+        return ""
+    return ("; it scores every position as a first draft, from the target's own features, while deeper drafts in a "
+            "real round come from the drafter's own estimates (later heads, modules or block positions), so for this "
+            "family it is an upper bound")
 
 
 def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict] | None = None) -> None:
@@ -194,14 +277,10 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
     elif summary["kind"] == "draft-lm":
         about = _DRAFT_LM_ABOUT.format(target=summary["target"], kind=summary["kind"])
         architecture = _architecture(args, cfg, summary, size)
-    else:  # families without their own card text yet: the trainer's description of the student, verbatim
-        about = (f"A `{summary['kind']}` drafter for speculative decoding with **{summary['target']}**, trained by "
-                 f"specviz's `{summary['kind']}` trainer; `docs/` describes the family.")
-        architecture = (f"`{json.dumps(cfg, sort_keys=True)}`; the target's embedding and output layer are "
-                        f"borrowed, not stored. {size:.1f} MiB of fp16 safetensors.")
-    loss_scope = (" (restricted to the head's draft vocabulary), with training-time test: "
-                  f"{_ttt_steps(summary)} unrolled steps that feed the head its own output, weighted 0.8^i"
-                  if head else "")
+    else:
+        about, architecture = _family_about(summary, cfg, size)
+    loss_kind = "eagle" if head else summary["kind"]
+    loss = _FAMILY_LOSS[loss_kind].format(topk=args.topk, ttt=_ttt_steps(summary) if head else 0)
     text = f"""# {name}
 
 {about}
@@ -218,8 +297,7 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
 - {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,
   CRLF and licence blocks stripped{stdlib}) annotated with the target's
   top-{args.topk} probabilities.
-- Loss: cross-entropy to the target's renormalised top-{args.topk} distribution + 0.5 × cross-entropy on the
-  target's argmax (the token greedy verification accepts){loss_scope}.
+- Loss: {loss}.
 
 ## Training
 {summary['steps']} steps of AdamW (lr {args.lr}, warmup {args.warmup}, cosine to 10%{precision}), batch
@@ -232,9 +310,9 @@ sequences ({summary['train_positions']} trained positions). In the last run, dat
 ## Agreement with the target (held-out target answers, teacher-forced)
 {held['sequences']} held-out prompts' greedy target answers ({held['positions']} positions):
 
-- **top-1 agreement** (drafter argmax == target argmax): **{held['top1_agreement']:.3f}**
+- **top-1 agreement** (drafter argmax == target argmax): **{held['top1_agreement']:.3f}**{_confidence(held)}
 - replayed greedy chain τ (chain drafting replayed on the target's answer; counts the bonus/correction token):
-  {taus}. A replay, not an engine run.
+  {taus}. A replay, not an engine run{_replay_caveat(summary)}.
 
 | category | top-1 agreement |
 | --- | --- |
@@ -264,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = json.loads((args.run / "metrics.json").read_text())
     size = export_model(args.run / "final", args.dest)
     name = args.name or args.dest.name
-    drafter = summary["kind"] if summary["kind"] in EAGLE_KINDS else f"model:{name}"
+    drafter = f"model:{name}" if summary["kind"] == "draft-lm" else summary["kind"]
     engine = [engine_rows_from_bench(json.loads(path.read_text()), drafter) for path in args.bench]
     write_model_card(args.dest, summary, name=name, engine=engine)
     print(f"wrote {args.dest} ({size / 2**20:.1f} MiB of weights)")

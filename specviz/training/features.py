@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specviz.errors import SpecvizError
@@ -82,17 +82,31 @@ class FeatureSet:
         tmp.rename(path)
 
     @classmethod
-    def load(cls, path: Path) -> FeatureSet:
-        """Read a file written by ``save``."""
+    def load(cls, path: Path, layers: tuple[int, ...] | None = None) -> FeatureSet:
+        """Read a file written by ``save``; ``layers`` reads only those hidden states (default: all)."""
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as handle:
             header = handle.metadata() or {}
-        tensors = load_file(str(path))
+            wanted = [k for k in handle.keys()
+                      if not k.startswith("hidden.") or layers is None or int(k.split(".", 1)[1]) in layers]
+            tensors = {k: handle.get_tensor(k) for k in wanted}
         hidden = {int(k.split(".", 1)[1]): v.float() for k, v in tensors.items() if k.startswith("hidden.")}
         return cls(tensors["input_ids"].long(), tensors["starts"].long(), tensors["loss_mask"].bool(),
                    tensors["topk_ids"].long(), tensors["topk_probs"].float(), hidden,
                    json.loads(header.get("categories", "[]")))
+
+    @staticmethod
+    def read_meta(path: Path) -> dict:
+        """The ``meta`` a file was saved with, without reading its tensors."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            return json.loads((handle.metadata() or {}).get("meta", "{}"))
+
+    def with_layers(self, layers: tuple[int, ...]) -> FeatureSet:
+        """The same positions with only ``layers``' hidden states (dropping the rest frees their memory)."""
+        return replace(self, hidden={layer: self.hidden[layer] for layer in layers})
 
     @classmethod
     def concat(cls, sets: list[FeatureSet]) -> FeatureSet:

@@ -1,7 +1,9 @@
-"""Chain vs Tree tab: the same prompt, seed, target and drafter drafted as a chain and as a tree, side by side.
+"""Chain vs Tree tab: the same prompt, seed and target drafted as a chain and as a tree, side by side.
 
-The two runs go one after the other (running them at once would make each slow the other down and spoil the
-tokens/s), both against the same cached plain-decoding calibration, optionally plus a full plain run.
+Each side runs the Playground's drafter unless it picks its own, so a family's chain can face another family's
+tree (the MTP chain against the Medusa tree). The two runs go one after the other (running them at once would make
+each slow the other down and spoil the tokens/s), both against the same cached plain-decoding calibration,
+optionally plus a full plain run.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import gradio as gr
 
+from specviz.drafters import registry
 from specviz.errors import SpecvizError
 from specviz.ui import runner, settings, streaming
 from specviz.ui.state import Session, one_line
@@ -18,6 +21,34 @@ from specviz.viz import panels
 from specviz.viz.record import RunRecord
 from specviz.viz.tokens import tokens_html
 from specviz.viz.tree_figure import tree_spec
+
+#: A side's drafter choice meaning "whatever the Playground's drafter is".
+SAME = "same as the Playground"
+SIDES = (("chain", False), ("tree", True))
+
+
+def side_requests(base: runner.RunRequest, chain_drafter: str | None = None, tree_drafter: str | None = None
+                  ) -> dict[str, runner.RunRequest]:
+    """The chain and the tree run: ``base`` (the Playground's settings) as a chain and as a tree, each with its own
+    drafter when one is chosen. A bad drafter spec is a one-line ``SpecvizError`` before any model loads."""
+    chosen = {"chain": chain_drafter, "tree": tree_drafter}
+    requests = {}
+    for name, tree in SIDES:
+        drafter = (chosen[name] or "").strip()
+        drafter = base.drafter if drafter in ("", SAME) else drafter
+        requests[name] = replace(base, tree=tree, drafter=drafter).validate()
+    return requests
+
+
+def drafter_choices(target: str) -> list[tuple[str, str]]:
+    return [(SAME, SAME), *runner.drafter_menu(target)]
+
+
+def side_dropdown(name: str, target: gr.Dropdown | None) -> gr.Dropdown:
+    return gr.Dropdown(choices=drafter_choices(target.value if target is not None else ""), value=SAME,
+                       allow_custom_value=True, label=f"{name} drafter", elem_id=f"compare-{name}-drafter",
+                       info=f"the Playground's drafter, or another for the {name} side (any spec: "
+                            f"{', '.join(f.syntax for f in registry.families())})")
 
 
 @dataclass
@@ -45,8 +76,16 @@ class Column:
 
 
 def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio | None = None) -> dict:
-    gr.Markdown("Runs the Playground's prompt, target, drafter, sampling and seed twice: as a **chain** of k tokens "
-                "and as a **tree** (width × depth under the node budget), one after the other on this machine.")
+    gr.Markdown("Runs the Playground's prompt, target, sampling and seed twice: as a **chain** of k tokens and as a "
+                "**tree** (width × depth under the node budget), one after the other on this machine. Each side "
+                "drafts with the Playground's drafter or its own: pick `mtp` for the chain and `medusa` for the tree "
+                "to compare MTP's sequential chain with Medusa's static tree.")
+    target = panel.widgets.get("target")
+    with gr.Row():
+        drafters = [side_dropdown(name, target) for name, _ in SIDES]
+    if target is not None:
+        target.change(lambda t: [gr.Dropdown(choices=drafter_choices(t or ""), value=SAME)] * len(SIDES), target,
+                      drafters, queue=False)
     with gr.Row():
         run_btn = gr.Button("Run chain vs tree", variant="primary", elem_id="compare-run")
         stop_btn = gr.Button("Stop", variant="stop", elem_id="compare-stop")
@@ -61,16 +100,17 @@ def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio 
             tree = Column.build("tree")
     outputs = [status, verdict, chain.tree, chain.tokens, chain.stats, tree.tree, tree.tokens, tree.stats]
 
-    def run(state: Session, plain: bool, *values):
+    def run(state: Session, plain: bool, chain_drafter: str, tree_drafter: str, *values):
         try:
             base = settings.request(*values)
+            requests = side_requests(base, chain_drafter, tree_drafter)
         except SpecvizError as error:
             raise gr.Error(str(error), print_exception=False) from None
         state.chain = state.tree = None
         yield {**chain.render(None), **tree.render(None), verdict: panels.verdict_html(None, None)}
         records = {}
-        for name, column, request in (("chain", chain, replace(base, tree=False)),
-                                      ("tree", tree, replace(base, tree=True))):
+        for name, column in (("chain", chain), ("tree", tree)):
+            request = requests[name]
             record = RunRecord(header={}, source="live", name=name)
             records[name] = record
             setattr(state, name, record)
@@ -98,7 +138,10 @@ def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio 
                 raise gr.Error(one_line(error), print_exception=False) from None
             for record in records.values():
                 record.plain = measured
-        yield {status: panels.status_html("Done: same prompt, seed, target and drafter; chain vs tree.", "ok"),
+        same = requests["chain"].drafter == requests["tree"].drafter
+        what = ("same prompt, seed, target and drafter" if same else
+                f"same prompt, seed and target; chain {requests['chain'].drafter} vs tree {requests['tree'].drafter}")
+        yield {status: panels.status_html(f"Done: {what}.", "ok"),
                verdict: panels.verdict_html(records["chain"], records["tree"]),
                **chain.render(records["chain"]), **tree.render(records["tree"])}
 
@@ -106,7 +149,7 @@ def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio 
         state.stop()
         return {status: panels.status_html("Stopped.", "warning")}
 
-    event = run_btn.click(run, [session, full_plain, *panel.inputs], outputs, concurrency_id="model",
+    event = run_btn.click(run, [session, full_plain, *drafters, *panel.inputs], outputs, concurrency_id="model",
                           show_progress="hidden", api_name="compare")
     stop_btn.click(stop, [session], [status], cancels=[event], queue=False, api_name="compare_stop")
     return {"event": event}

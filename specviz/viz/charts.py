@@ -1,6 +1,10 @@
 """Run-level charts (per-position acceptance, acceptance-length histogram, time split, tokens/s) and the
 rejection debugger's top-k bars. Figures are built as plain dicts (no named template) because plotly's template
 machinery costs more per figure than a CPU round of the target takes to verify (measured figures: BENCHMARKS.md).
+
+When the rounds label their nodes (Medusa by head, MTP by module: ``specviz.viz.labels``), the per-position panel
+adds one bar trace per label: its acceptance at each depth it drafted (``metrics.FORMULAS["per_label"]``), its
+run-wide rate in the legend. Medusa's head d is depth d; MTP's modules cycle, so one module can own several depths.
 """
 
 from __future__ import annotations
@@ -9,8 +13,9 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from specviz.engine.metrics import Metrics
+from specviz.engine.metrics import Metrics, acceptance_by_label
 from specviz.engine.round import Round, TokenChoice
+from specviz.viz import labels
 from specviz.viz.outcome import OUTCOME_COLORS, Outcome
 from specviz.viz.text import label
 from specviz.viz.text import plot_escape as escape
@@ -18,11 +23,41 @@ from specviz.viz.text import plot_escape as escape
 DRAFT_COLOR, VERIFY_COLOR, OTHER_COLOR = "#56B4E9", "#CC79A7", "#999999"
 PLAIN_COLOR = "#555555"
 FONT = dict(family="system-ui, sans-serif", size=12)
+#: Per-label bars (Paul Tol's muted scheme): apart from the outcome and time-split colours the other panels use.
+LABEL_COLORS = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
 
 
 def _axis(domain: list[float], anchor: str, title: str, **extra) -> dict:
     return dict(domain=domain, anchor=anchor, title=dict(text=title, font=dict(size=11)), gridcolor="#eeeeee",
                 zeroline=False, **extra)
+
+
+def label_bars(rounds: Sequence[Round], key: str | None) -> list[dict]:
+    """One bar trace per node label under ``meta[key]`` for the per-position panel (``[]`` for no key).
+
+    Each bar is the label's acceptance at one depth; labels sharing a depth stand side by side (explicit x offsets,
+    because the figure stacks bars for the time split).
+    """
+    if key is None:
+        return []
+    per_label = acceptance_by_label(rounds, key)
+    sharing: dict[int, list] = {}  # depth -> the labels offered there
+    for value, stats in per_label.items():
+        for depth in stats.depths:
+            sharing.setdefault(depth, []).append(value)
+    bars = []
+    for i, (value, stats) in enumerate(per_label.items()):
+        depths = sorted(stats.depths)
+        width = [0.8 / len(sharing[d]) for d in depths]
+        x = [d + (sharing[d].index(value) - (len(sharing[d]) - 1) / 2) * w for d, w in zip(depths, width)]
+        name = escape(labels.label_text(key, value))
+        bars.append(dict(
+            type="bar", x=x, y=[stats.depths[d].rate for d in depths], width=width, xaxis="x", yaxis="y",
+            name=f"{name}: {stats.rate:.0%} ({stats.accepted}/{stats.offered})",
+            marker=dict(color=LABEL_COLORS[i % len(LABEL_COLORS)], opacity=0.6),
+            customdata=[[d, stats.depths[d].accepted, stats.depths[d].offered] for d in depths],
+            hovertemplate="depth %{customdata[0]}: %{y:.2f} (%{customdata[1]} accepted of %{customdata[2]} offered)"))
+    return bars
 
 
 def run_charts(metrics: Metrics, rounds: Sequence[Round], *, plain_tokens_per_s: float | None = None,
@@ -40,6 +75,10 @@ def run_charts_spec(metrics: Metrics, rounds: Sequence[Round], *, plain_tokens_p
     """
     depths = list(range(1, len(metrics.conditional) + 1))
     accepted_color = OUTCOME_COLORS[Outcome.ACCEPTED]
+    key = labels.run_label_key(rounds)
+    per_label = label_bars(rounds, key)
+    per_position = "Per-position acceptance" + (f" (bars: per {'label' if key == 'node_labels' else key})"
+                                                if per_label else "")
     data: list[dict] = [
         dict(type="scatter", x=depths, y=metrics.conditional, mode="lines+markers", name="P(accept d | d−1 accepted)",
              line=dict(color=accepted_color), xaxis="x", yaxis="y",
@@ -47,6 +86,7 @@ def run_charts_spec(metrics: Metrics, rounds: Sequence[Round], *, plain_tokens_p
         dict(type="scatter", x=depths, y=metrics.cumulative, mode="lines+markers", name="P(accepted length ≥ d)",
              line=dict(color=accepted_color, dash="dot"), xaxis="x", yaxis="y",
              hovertemplate="depth %{x}: %{y:.2f}<extra>cumulative</extra>"),
+        *per_label,
         dict(type="bar", x=list(range(len(metrics.histogram))), y=metrics.histogram, name="rounds",
              marker=dict(color=OUTCOME_COLORS[Outcome.BONUS]), xaxis="x2", yaxis="y2", showlegend=False,
              hovertemplate="%{y} rounds accepted %{x} draft tokens<extra></extra>"),
@@ -74,7 +114,7 @@ def run_charts_spec(metrics: Metrics, rounds: Sequence[Round], *, plain_tokens_p
     layout = dict(
         height=480, margin=dict(l=50, r=10, t=40, b=40), font=FONT, barmode="stack",
         plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
-        legend=dict(orientation="h", x=0, y=-0.16, font=dict(size=10)),
+        legend=dict(orientation="h", x=0, y=-0.16, font=dict(size=10), traceorder="normal"),
         xaxis=_axis([0, 0.45], "y", "draft depth d", dtick=1),
         yaxis=_axis([0.64, 1], "x", "acceptance", range=[0, 1.05]),
         xaxis2=_axis([0.55, 1], "y2", "accepted draft length", dtick=1),
@@ -86,7 +126,7 @@ def run_charts_spec(metrics: Metrics, rounds: Sequence[Round], *, plain_tokens_p
         annotations=[
             dict(text=t, x=x, y=y, xref="paper", yref="paper", showarrow=False, xanchor="left",
                  font=dict(size=12, color="#333333"))
-            for t, x, y in (("Per-position acceptance", 0, 1.07), ("Acceptance-length histogram", 0.55, 1.07),
+            for t, x, y in ((per_position, 0, 1.07), ("Acceptance-length histogram", 0.55, 1.07),
                             ("Time per round: draft / verify / overhead", 0, 0.41),
                             ("Tokens/s: speculative vs plain", 0.55, 0.41))
         ],

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from specviz.engine.round import Round
 from specviz.viz.charts import topk_figure
+from specviz.viz.labels import node_labels
 from specviz.viz.outcome import OUTCOME_LABELS, Outcome, node_outcomes
 from specviz.viz.text import escape, fmt_prob, visible
 
@@ -34,8 +35,12 @@ def node_choices(round_: Round | None) -> list[tuple[str, str]]:
     if round_ is None:
         return []
     outcomes = node_outcomes(round_)
-    choices = [(f"node {i}: {visible(round_.text[i]) if i < len(round_.text) else round_.tokens[i]} — "
-                f"{OUTCOME_LABELS[o]}", str(i)) for i, o in enumerate(outcomes)]
+    drafted_by = node_labels(round_)
+    choices = []
+    for i, outcome in enumerate(outcomes):
+        by = f" ({drafted_by[i]})" if drafted_by else ""
+        text = visible(round_.text[i]) if i < len(round_.text) else round_.tokens[i]
+        choices.append((f"node {i}{by}: {text} — {OUTCOME_LABELS[outcome]}", str(i)))
     choices.append((f"{round_.extra_kind}: {visible(round_.extra_text)}", EXTRA))
     return choices
 

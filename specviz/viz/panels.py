@@ -28,6 +28,7 @@ def _card(name: str, value: str, formula_key: str | None = None, *, extra_class:
 
 def formulas_markdown() -> str:
     names = {"tau": "τ (mean tokens per round)", "acceptance_rate": "acceptance rate", "per_position": "per position",
+             "per_label": "per head / module",
              "histogram": "histogram", "tokens_per_s": "tokens/s", "speedup": "speedup",
              "verified_per_round": "verified per round", "wasted": "wasted verification",
              "overhead_ms": "overhead"}
@@ -120,7 +121,8 @@ def run_label(record: RunRecord) -> str:
     config = record.header.get("config") or {}
     temperature = config.get("temperature", 0.0)
     sampling = "greedy" if record.greedy else f"T={temperature} top-p={config.get('top_p', 1.0)}"
-    reads = f" ({record.drafter_reads})" if record.drafter_reads else ""
+    notes = "; ".join(note for note in (record.drafter_reads, record.drafter_trained, record.drafter_schedule) if note)
+    reads = f" ({notes})" if notes else ""
     return (f"{origin} · target {record.target_name} · drafter {record.drafter_name}{reads} · {record.budget_text} · "
             f"{sampling} · seed {config.get('seed')}")
 
@@ -146,7 +148,8 @@ def compare_stats_html(record: RunRecord | None) -> str:
 
     body = "".join(f'<tr title="{escape(tip(name, key))}"><td>{escape(name)}</td><td><b>{escape(value)}</b></td></tr>'
                    for name, value, key in rows)
-    note = f"{m.rounds} rounds, {m.new_tokens} tokens" + (f"; plain {plain:.1f} tok/s" if plain else "")
+    note = (f"drafter {record.drafter_name} · {m.rounds} rounds, {m.new_tokens} tokens"
+            + (f"; plain {plain:.1f} tok/s" if plain else ""))
     return f'<table class="sv-table">{body}</table><div class="sv-note">{escape(note)}</div>'
 
 

@@ -82,6 +82,26 @@ class RunRecord:
         return "reads the target's " + ", ".join(f"hidden_states[{i}]" for i in layers)
 
     @property
+    def drafter_trained(self) -> str:
+        """How the drafter was trained, when its header says: our MTP modules are trained post hoc on a frozen target,
+        published MTP layers jointly with their model, and a reader comparing them must know which is shown."""
+        drafter = self.header.get("drafter")
+        trained = drafter.get("trained") if isinstance(drafter, dict) else None
+        return f"trained {trained}" if isinstance(trained, str) and trained else ""
+
+    @property
+    def drafter_schedule(self) -> str:
+        """DSpark's verify-cost curve, when the drafter cuts its proposals on one ("" otherwise)."""
+        drafter = self.header.get("drafter")
+        curve = drafter.get("cost_curve") if isinstance(drafter, dict) and drafter.get("schedule") else None
+        if not isinstance(curve, dict) or not curve.get("ms"):
+            return ""
+        base = curve["ms"][0] or 1.0
+        points = ", ".join(f"{w}: ×{ms / base:.2f}" for w, ms in zip(curve.get("widths", []), curve["ms"]))
+        return (f"confidence-scheduled on the verify cost ({curve.get('source', 'given')}; {base:.0f} ms for 1 token; "
+                f"tokens: cost {points})")
+
+    @property
     def budget_text(self) -> str:
         budget = self.header.get("budget") or {}
         if not budget:

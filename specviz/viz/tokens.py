@@ -2,7 +2,8 @@
 
 Everything is escaped (``text.html_token``); the block uses ``white-space: pre-wrap`` so newlines stay newlines
 and spaces, line breaks and tabs also get faint glyphs. Long prompts are elided in the middle so a streamed
-update stays small.
+update stays small. An accepted draft token's tooltip names the part of the drafter that drafted it, when the
+drafter labels its nodes (MTP's module, Medusa's head: ``specviz.viz.labels``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specviz.engine.round import Round
+from specviz.viz.labels import node_labels
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, committed_outcomes
 from specviz.viz.text import escape, html_token
 
@@ -49,11 +51,13 @@ def round_spans(round_: Round, *, selected: bool = False) -> list[str]:
     spans = []
     texts = round_.committed_text or [str(t) for t in round_.committed]
     accepted = len(round_.accepted)
+    drafted_by = node_labels(round_)
     for j, (text, outcome) in enumerate(zip(texts, committed_outcomes(round_))):
         if outcome is Outcome.ACCEPTED:
             node = round_.accepted[j]
             p = round_.p_target[node] if node < len(round_.p_target) else None
-            detail = f"accepted draft node {node}" + (f", p_target {p:.3f}" if p is not None else "")
+            detail = (f"accepted draft node {node}" + (f" ({drafted_by[node]})" if drafted_by else "")
+                      + (f", p_target {p:.3f}" if p is not None else ""))
         else:
             detail = f"{outcome.value} token (target's own choice after {accepted} accepted)"
         classes = f"sv-tok {CSS_CLASS[outcome]}" + (" sv-first" if j == 0 else "") + (" sv-sel" if selected else "")

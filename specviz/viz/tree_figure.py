@@ -5,6 +5,8 @@ The correction or bonus token is its own node, hanging off the last accepted nod
 root → accepted … → extra along the highlighted edges. A chain is the same picture with one child per node.
 Dynamic trees (EAGLE-2) also report the nodes they drafted and then pruned to the node budget
 (``Round.meta["pruned"]``): those hang faded off their parents, the most confident ``MAX_PRUNED_SHOWN`` of them.
+Drafters that label their nodes (Medusa by head, MTP by module; ``specviz.viz.labels``) get the label in each
+node's hover text and above each depth column, so "depth d comes from head d" can be read off the picture.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from specviz.engine.round import Round
+from specviz.viz import labels
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
 from specviz.viz.text import fmt_prob, label
 from specviz.viz.text import plot_escape as escape
@@ -74,11 +77,12 @@ def _target_p(round_: Round, row: int, token: int) -> float | None:
     return None
 
 
-def _node_hover(round_: Round, node: int, outcome: Outcome) -> str:
+def _node_hover(round_: Round, node: int, outcome: Outcome, drafted_by: str | None = None) -> str:
     p = round_.p_target[node] if node < len(round_.p_target) else None
     q = round_.q_draft[node] if round_.q_draft is not None else None
     lines = [
-        f"<b>node {node}</b> · depth {round_.depth[node]} · {OUTCOME_LABELS[outcome]}",
+        f"<b>node {node}</b> · depth {round_.depth[node]}" + (f" · {escape(drafted_by)}" if drafted_by else "")
+        + f" · {OUTCOME_LABELS[outcome]}",
         f"token {escape(repr(round_.text[node]) if node < len(round_.text) else '?')} (id {round_.tokens[node]})",
     ]
     if q is None:
@@ -112,7 +116,10 @@ def _extra_hover(round_: Round) -> str:
 
 
 def _pruned_hover(node: dict, text: str) -> str:
-    return "<br>".join([f"<b>pruned</b> · depth {node['depth']} · drafted, then cut to the node budget",
+    drafted_by = labels.pruned_label(node)
+    by = f" · {escape(drafted_by)}" if drafted_by else ""
+    why = escape(str(node.get("reason") or "drafted, then cut to the node budget"))
+    return "<br>".join([f"<b>pruned</b> · depth {node['depth']}{by} · {why}",
                         f"token {escape(repr(text))} (id {node['token']})",
                         f"q_draft {fmt_prob(node['q'])} · confidence {fmt_prob(node['confidence'])}",
                         "never verified: the target did not see it"])
@@ -124,6 +131,12 @@ def _root_hover(round_: Round, root_text: str | None) -> str:
              f"draft {round_.draft_ms:.1f} ms · verify {round_.verify_ms:.1f} ms · other {round_.other_ms:.1f} ms"]
     if root_text is not None:
         lines.insert(1, f"last committed token {escape(repr(root_text))}")
+    schedule = round_.meta.get("schedule")
+    if isinstance(schedule, dict) and isinstance(schedule.get("values"), list):
+        drafted = len(round_.tokens) + len(round_.meta.get("pruned") or [])
+        values = " · ".join(f"ℓ={i + 1}: {v:.2f}" for i, v in enumerate(schedule["values"]) if isinstance(v, float))
+        lines.append(f"confidence schedule: verify {schedule.get('length')} of {drafted} drafts, the ℓ that maximises "
+                     f"(1 + Σ survival) ÷ cost(1 + ℓ)<br>{escape(values)} (cost: {escape(str(schedule.get('curve')))})")
     return "<br>".join(lines)
 
 
@@ -144,6 +157,7 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
     kind_of = {node: outcome for node, outcome in enumerate(outcomes)}
     kind_of[EXTRA] = Outcome(round_.extra_kind)
     path_nodes = {ROOT, *round_.accepted, EXTRA}
+    drafted_by = labels.node_labels(round_)
 
     edges_x: list = []
     edges_y: list = []
@@ -185,7 +199,7 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
                 hovers.append(_extra_hover(round_))
             else:
                 texts.append(label(round_.text[node] if node < len(round_.text) else str(round_.tokens[node])))
-                hovers.append(_node_hover(round_, node, outcome))
+                hovers.append(_node_hover(round_, node, outcome, drafted_by[node] if drafted_by else None))
         traces.append(dict(
             type="scatter", x=[pos[n][0] for n in members], y=[pos[n][1] for n in members],
             mode="markers+text", text=texts, textposition="middle right", hovertext=hovers, hoverinfo="text",
@@ -211,13 +225,17 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
                            marker=dict(size=28, color="rgba(0,0,0,0)", line=dict(color="#111111", width=2.5))))
     rows = 1 + max(y for _, y in pos.values())
     columns = max(x for x, _ in pos.values())
+    column_labels = [dict(text=escape(text), x=depth, y=1.0, xref="x", yref="paper", yanchor="bottom",
+                          showarrow=False, font=dict(size=11, color="#555555"))
+                     for depth, text in labels.depth_labels(round_).items()]
     heading = title if title is not None else (
         f"round {round_.index}: {len(round_.tokens)} drafted, {len(round_.accepted)} accepted, "
         f"+1 {round_.extra_kind}")
     layout = dict(
         title=dict(text=escape(heading), x=0.01, font=dict(size=14)),
         height=height or int(min(900, max(280, 100 + 26 * rows))),
-        margin=dict(l=60, r=20, t=40, b=10),
+        margin=dict(l=60, r=20, t=64 if column_labels else 40, b=10),
+        annotations=column_labels,
         showlegend=True,
         legend=dict(orientation="h", x=0, y=0, yanchor="top", font=dict(size=11)),
         xaxis=dict(visible=False, range=[-0.6, columns + 0.9], fixedrange=False),

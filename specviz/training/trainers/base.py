@@ -55,6 +55,8 @@ class Trainer(ABC):
     """One drafter family's training recipe."""
 
     kind: str = ""
+    #: the family's own options and their defaults (``specviz train --set KEY=VALUE``)
+    defaults: dict = {}
 
     def __init__(self, target, options: dict | None = None) -> None:
         self.target = target
@@ -83,6 +85,10 @@ class Trainer(ABC):
     def predict_argmax(self, student: torch.nn.Module, input_ids: torch.Tensor,
                        hidden: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Teacher-forced argmax at each position of ``input_ids`` [1, T] → [T] (what the drafter would propose)."""
+
+    def heldout_metrics(self, student: torch.nn.Module, heldout: FeatureSet) -> dict:
+        """Family-specific figures on held-out target answers, beside the agreement every family reports."""
+        return {}
 
     @abstractmethod
     def save_pretrained(self, student: torch.nn.Module, folder: Path, *, dtype: torch.dtype = torch.float32) -> None:

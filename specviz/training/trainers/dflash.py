@@ -31,11 +31,16 @@ import torch.nn.functional as F
 
 from specviz.drafters import dflash
 from specviz.errors import SpecvizError
-from specviz.training.batches import Batch
+from specviz.training.batches import Batch, make_batch
+from specviz.training.features import FeatureSet
 from specviz.training.trainers.base import FeatureRequest, Trainer
 
 DEFAULTS = {"block_size": None, "layers": 1, "anchors": 16, "markov_rank": 64, "mask_token_id": None,
             "ce_weight": 0.1, "tv_weight": 0.9, "confidence_weight": 1.0}
+
+
+#: Positions of a held-out answer the calibration reads (its last ones: the answer).
+CALIBRATION_WINDOW = 512
 
 
 def position_gamma(block_size: int) -> float:
@@ -47,6 +52,7 @@ class DFlashTrainer(Trainer):
     """``specviz train dflash`` (and, through ``DSparkTrainer``, ``specviz train dspark``)."""
 
     kind = "dflash"
+    defaults = DEFAULTS
 
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)
@@ -98,7 +104,9 @@ class DFlashTrainer(Trainer):
     @torch.no_grad()
     def predict_argmax(self, student: dflash.DFlashBackbone, input_ids: torch.Tensor,
                        hidden: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """Teacher-forced first drafts: entry j is the drafter's first draft after committed position j - 1."""
+        """Teacher-forced first drafts: entry a is the first draft of the block anchored at a (x_a pending, the target's
+        features of positions < a injected), the drafter's guess for token a + 1, as ``evaluate_agreement`` compares
+        it with the target's argmax at a. The last position has no next token: -1."""
         if not hidden:
             raise SpecvizError("block drafters predict from the target's hidden states; none were given")
         length = input_ids.shape[1]
@@ -109,7 +117,33 @@ class DFlashTrainer(Trainer):
         bias = student.markov_bias(input_ids[:, : length - 1])
         if bias is not None:
             logits = logits + bias.float()
-        return torch.cat([torch.full((1,), -1, dtype=torch.long), logits[0].argmax(-1).cpu()])
+        return torch.cat([logits[0].argmax(-1).cpu(), torch.full((1,), -1, dtype=torch.long)])
+
+    @torch.no_grad()
+    def heldout_metrics(self, student: dflash.DFlashBackbone, heldout: FeatureSet) -> dict:
+        """DSpark's confidence head against what happened: every block anchored at a trained position of each held-out
+        answer, the Markov head on the true previous tokens (as after accepted drafts). ``confidence_ece`` compares c
+        with greedy acceptance (draft argmax == target argmax), ``confidence_ece_sampled`` with the acceptance rate
+        of rejection sampling 1 − ½‖p − q‖₁ (the training target; top-8 lumped, so an upper bound)."""
+        if student.confidence_head is None:
+            return {}
+        predicted, greedy, sampled = [], [], []
+        for i in range(heldout.num_sequences):
+            batch = make_batch(heldout, [i], CALIBRATION_WINDOW)
+            anchors = torch.nonzero(batch.loss_mask[0, 1:]).flatten()[None] + 1
+            if not anchors.numel():
+                continue
+            out = block_outputs(student, batch, anchors)
+            predicted.append(out.confidence.float())
+            greedy.append((out.logits.argmax(-1) == out.top_ids[:, 0]).float())
+            sampled.append(1 - total_variation(out.logits.float().softmax(-1), out.top_ids, out.top_p))
+        if not predicted:
+            return {}
+        c, hit, rate = torch.cat(predicted), torch.cat(greedy), torch.cat(sampled)
+        return {"confidence_ece": expected_calibration_error(c, hit),
+                "confidence_ece_sampled": expected_calibration_error(c, rate),
+                "confidence_mean": float(c.mean()), "greedy_acceptance_mean": float(hit.mean()),
+                "confidence_positions": int(c.numel())}
 
     def save_pretrained(self, student: dflash.DFlashBackbone, folder: Path, *,
                         dtype: torch.dtype = torch.float32) -> None:
@@ -170,6 +204,17 @@ def block_outputs(student: dflash.DFlashBackbone, batch: Batch, anchors: torch.T
         logits = logits + bias
     return BlockOutputs(logits, top_ids[keep], top_p[keep], steps.expand_as(where)[keep].float(),
                         student.confidence(hidden, previous))
+
+
+def expected_calibration_error(predicted: torch.Tensor, outcome: torch.Tensor, bins: int = 10) -> float:
+    """Σ_b (n_b / N)·|mean predicted − mean outcome| over ``bins`` equal-width bins of the prediction."""
+    index = (predicted.clamp(0, 1) * bins).long().clamp(max=bins - 1)
+    total = 0.0
+    for b in range(bins):
+        chosen = index == b
+        if chosen.any():
+            total += float(chosen.sum()) * abs(float(predicted[chosen].mean()) - float(outcome[chosen].mean()))
+    return total / max(1, predicted.numel())
 
 
 def _soft_cross_entropy(logq: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

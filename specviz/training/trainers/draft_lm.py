@@ -74,6 +74,7 @@ class DraftLMTrainer(Trainer):
     """Distils a LlamaForCausalLM drafter from the target's top-k outputs."""
 
     kind = "draft-lm"
+    defaults = DEFAULTS
 
     def features(self) -> FeatureRequest:
         return FeatureRequest(layers=(), topk=int(self.options.get("topk", 8)))

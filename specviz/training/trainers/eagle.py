@@ -36,6 +36,7 @@ class EagleTrainer(Trainer):
     """``specviz train eagle`` (EAGLE-1) and ``specviz train eagle3`` (EAGLE-3)."""
 
     kind = "eagle"
+    defaults = DEFAULTS
 
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)

@@ -38,6 +38,7 @@ class MedusaTrainer(Trainer):
     """``specviz train medusa``: Medusa-1 heads, frozen target."""
 
     kind = "medusa"
+    defaults = DEFAULTS
 
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)

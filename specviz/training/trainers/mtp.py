@@ -30,6 +30,7 @@ class MtpTrainer(Trainer):
     """``specviz train mtp``: n MTP modules over the target's last hidden state."""
 
     kind = "mtp"
+    defaults = DEFAULTS
 
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)
