@@ -135,3 +135,25 @@ def spec_from_dict(cls, data: dict, key: str, tuple_fields: tuple[str, ...] = ()
         return cls(**{**data, **{name: tuple(int(i) for i in data[name]) for name in tuple_fields}})
     except (TypeError, KeyError, ValueError) as error:
         raise SpecvizError(f"{key} is malformed: {error}") from None
+
+
+def rope_of(config: dict, what: str = "the drafter's") -> tuple[dict, int, int]:
+    """(RoPE parameters, head_dim, max positions) as transformers resolves them from a Llama/Qwen-style config dict;
+    RoPE that changes with the sequence length is refused in one line."""
+    from transformers import LlamaConfig
+    from transformers.utils import logging as hf_logging
+
+    known = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
+             "rope_parameters", "max_position_embeddings")
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        resolved = LlamaConfig(**{k: config[k] for k in known if config.get(k) is not None})
+    except (TypeError, ValueError, KeyError) as error:
+        raise SpecvizError(f"cannot read {what} attention/RoPE settings: {error}") from None
+    finally:
+        hf_logging.set_verbosity(previous)
+    rope = dict(resolved.rope_parameters)
+    if rope.get("rope_type", "default") in ("dynamic", "longrope"):
+        raise SpecvizError(f"{rope['rope_type']} RoPE scaling (it changes with the sequence length) is not supported")
+    return rope, int(resolved.head_dim), int(resolved.max_position_embeddings)

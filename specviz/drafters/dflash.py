@@ -52,7 +52,7 @@ from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
 from specviz.drafters import dflash_layouts as layouts
 from specviz.drafters.checkpoint_files import read_tensors
 from specviz.drafters.dflash_layouts import BlockSpec
-from specviz.drafters.head_parts import GatedMLP, rotate_half, shallow_copy, target_parts
+from specviz.drafters.head_parts import GatedMLP, fresh, rotate_half, shallow_copy, target_parts
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine import cost_curve
@@ -319,19 +319,7 @@ def new_model(model: nn.Module, kind: str, *, seed: int | None = None, dtype: to
     """A freshly initialised drafter of ours for the target ``model`` (``spec_options``: see ``spec_for``)."""
     spec = spec_for(model, kind, **spec_options)
     layouts.check_fits(spec, target_parts(model)[0])
-    state = torch.random.get_rng_state()
-    if seed is not None:
-        torch.manual_seed(seed)
-    try:
-        drafter = build_model(model, spec)
-        for module in drafter.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-    finally:
-        if seed is not None:
-            torch.random.set_rng_state(state)
+    drafter = fresh(lambda: build_model(model, spec), seed, embeddings=True)
     return drafter.to(dtype=dtype)
 
 

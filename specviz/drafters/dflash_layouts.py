@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from specviz.drafters.checkpoint_files import read_config, spec_from_dict  # noqa: F401 - re-exported
+from specviz.drafters.checkpoint_files import read_config, rope_of, spec_from_dict  # noqa: F401 - re-exported
 from specviz.drafters.eagle_layouts import TargetShape
 from specviz.errors import SpecvizError
 
@@ -217,27 +217,6 @@ def _layer_ids(settings: dict, config: dict, target: TargetShape) -> tuple[int, 
     return tuple(i + 1 for i in ids)  # output of layer id = hidden_states[id + 1]
 
 
-def _rope(config: dict) -> tuple[dict, int, int]:
-    """(rope parameters, head_dim, max positions) as transformers resolves a Qwen3/Llama config's fields."""
-    from transformers import LlamaConfig
-    from transformers.utils import logging as hf_logging
-
-    known = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
-             "rope_parameters", "max_position_embeddings")
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        resolved = LlamaConfig(**{k: config[k] for k in known if config.get(k) is not None})
-    except (TypeError, ValueError, KeyError) as error:
-        raise SpecvizError(f"cannot read the drafter's attention/RoPE settings: {error}") from None
-    finally:
-        hf_logging.set_verbosity(previous)
-    rope = dict(resolved.rope_parameters)
-    if rope.get("rope_type", "default") in ("dynamic", "longrope"):
-        raise SpecvizError(f"{rope['rope_type']} RoPE scaling (it changes with the sequence length) is not supported")
-    return rope, int(resolved.head_dim), int(resolved.max_position_embeddings)
-
-
 def _check_layers_config(config: dict) -> None:
     """Refuse what our Qwen3-style layers do not implement (one line each)."""
     missing = [n for n in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
@@ -273,7 +252,7 @@ def block_spec(config: dict, target: TargetShape, dialect: str | None = None) ->
     mask = settings.get("mask_token_id", config.get("mask_token_id"))
     if block is None or mask is None:
         raise SpecvizError(f"config.json lacks {'block_size' if block is None else 'mask_token_id'}")
-    rope, head_dim, max_positions = _rope(config)
+    rope, head_dim, max_positions = rope_of(config, "the drafter's")
     dspark = dialect != "zlab-dflash"
     rank = _integer(settings.get("markov_rank", 0), "markov_rank") if dspark else 0
     confidence = bool(settings.get("enable_confidence_head", False)) if dspark else False

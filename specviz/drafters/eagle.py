@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
 from specviz.drafters.eagle_layouts import HeadSpec
-from specviz.drafters.head_parts import GatedMLP, rotate_half, shallow_copy, target_parts
+from specviz.drafters.head_parts import GatedMLP, fresh, rotate_half, shallow_copy, target_parts
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget, Drafter
@@ -319,19 +319,7 @@ def new_head(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = No
     """A freshly initialised head of ours for the target ``model`` (its embedding and output rows borrowed)."""
     spec = spec_for(model, kind, draft_ids=draft_ids, feature_layers=feature_layers)
     layouts.check_fits(spec, target_parts(model)[0])
-    generator_state = torch.random.get_rng_state()
-    if seed is not None:
-        torch.manual_seed(seed)
-    try:
-        head = build_head(model, spec)
-        for module in head.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-    finally:
-        if seed is not None:
-            torch.random.set_rng_state(generator_state)
+    head = fresh(lambda: build_head(model, spec), seed)
     if draft_ids is not None:
         ids = draft_ids.to(torch.long).flatten().sort().values
         layouts.check_draft_ids(ids, spec.vocab_size)

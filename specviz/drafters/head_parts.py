@@ -5,6 +5,8 @@ and the packed-kernel copy used for inference. One definition each (EAGLE, MTP, 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,8 @@ from torch import nn
 
 from specviz.drafters.eagle_layouts import TargetShape
 from specviz.errors import SpecvizError
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def target_parts(model: nn.Module) -> tuple[TargetShape, torch.Tensor, nn.Module]:
@@ -52,3 +56,24 @@ def shallow_copy(module: nn.Module, pack) -> nn.Module:
     if isinstance(module, nn.Linear):
         new.forward = pack(module.weight, module.bias)
     return new
+
+
+def fresh(build: Callable[[], M], seed: int | None, *, embeddings: bool = False, std: float = 0.02) -> M:
+    """``build()`` with its own linear layers (and embeddings, with ``embeddings``) drawn N(0, std), biases zero,
+    under ``seed`` when one is given; the global RNG is left as it was. Borrowed target tensors are not modules of
+    the drafter, so they are untouched."""
+    state = torch.random.get_rng_state()
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        module = build()
+        kinds = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
+        for part in module.modules():
+            if isinstance(part, kinds):
+                nn.init.normal_(part.weight, std=std)
+                if getattr(part, "bias", None) is not None:
+                    nn.init.zeros_(part.bias)
+    finally:
+        if seed is not None:
+            torch.random.set_rng_state(state)
+    return module

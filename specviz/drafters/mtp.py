@@ -34,7 +34,7 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
-from specviz.drafters.head_parts import GatedMLP, target_parts
+from specviz.drafters.head_parts import GatedMLP, fresh, target_parts
 from specviz.drafters.mtp_layouts import MtpSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
@@ -259,19 +259,7 @@ def new_stack(model: nn.Module, num_modules: int = 1, *, seed: int | None = None
               dtype: torch.dtype = torch.float32) -> MtpStack:
     """Freshly initialised modules of ours for the target ``model`` (norms at one, projections N(0, 0.02))."""
     spec = spec_for(model, num_modules, feed_normed=feed_normed)
-    state = torch.random.get_rng_state()
-    if seed is not None:
-        torch.manual_seed(seed)
-    try:
-        stack = build_stack(model, spec)
-        for module in stack.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-    finally:
-        if seed is not None:
-            torch.random.set_rng_state(state)
+    stack = fresh(lambda: build_stack(model, spec), seed)
     return stack.to(dtype=dtype)
 
 

@@ -223,27 +223,6 @@ def _gated(flat: dict, q_rows: int | None) -> bool:
     return q_rows == 2 * heads * head_dim
 
 
-def rope_of(config: dict) -> tuple[dict, int, int]:
-    """(RoPE parameters, head_dim, max positions) as transformers resolves them from a Llama-style config dict."""
-    from transformers import LlamaConfig
-    from transformers.utils import logging as hf_logging
-
-    known = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
-             "rope_parameters", "max_position_embeddings")
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        resolved = LlamaConfig(**{k: config[k] for k in known if config.get(k) is not None})
-    except (TypeError, ValueError, KeyError) as error:
-        raise SpecvizError(f"cannot read the MTP block's attention/RoPE settings: {error}") from None
-    finally:
-        hf_logging.set_verbosity(previous)
-    rope = {k: v for k, v in dict(resolved.rope_parameters).items() if k != "partial_rotary_factor"}
-    if rope.get("rope_type", "default") in ("dynamic", "longrope"):
-        raise SpecvizError(f"{rope['rope_type']} RoPE scaling (it changes with the sequence length) is not supported")
-    return rope, int(resolved.head_dim), int(resolved.max_position_embeddings)
-
-
 def mtp_spec(config: dict, target: TargetShape, dialect: str | None = None,
              shapes: dict[str, tuple[int, ...]] | None = None) -> MtpSpec:
     """The ``MtpSpec`` of a folder's config (and tensor shapes, when known), checked against ``target``."""
@@ -267,7 +246,8 @@ def mtp_spec(config: dict, target: TargetShape, dialect: str | None = None,
     if int(flat["num_hidden_layers"]) != target.num_layers:
         raise SpecvizError(f"the MTP layers follow {flat['num_hidden_layers']} main layers, the target has "
                            f"{target.num_layers}")
-    rope, head_dim, max_positions = rope_of(flat)
+    rope, head_dim, max_positions = checkpoint_files.rope_of(flat, "the MTP block's")
+    rope = {k: v for k, v in rope.items() if k != "partial_rotary_factor"}
     block = _block_flags(flat, dialect, keys)
     if flat.get("intermediate_size") is None:
         raise SpecvizError("config.json lacks intermediate_size")

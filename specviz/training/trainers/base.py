@@ -61,6 +61,8 @@ class Trainer(ABC):
     def __init__(self, target, options: dict | None = None) -> None:
         self.target = target
         self.options = options or {}
+        #: the family's options: its defaults, overridden by the options given (None means "not given")
+        self.opts = {**self.defaults, **{k: v for k, v in self.options.items() if k in self.defaults and v is not None}}
 
     def features(self) -> FeatureRequest:
         """Target features this family trains on."""

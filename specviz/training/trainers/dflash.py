@@ -56,7 +56,6 @@ class DFlashTrainer(Trainer):
 
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)
-        self.opts = {**DEFAULTS, **{k: v for k, v in (options or {}).items() if k in DEFAULTS and v is not None}}
         mask = self.opts["mask_token_id"]
         if mask is None:
             mask = dflash.mask_token_for(target.tokenizer)

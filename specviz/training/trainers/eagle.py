@@ -40,7 +40,6 @@ class EagleTrainer(Trainer):
 
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)
-        self.opts = {**DEFAULTS, **{k: v for k, v in (options or {}).items() if k in DEFAULTS and v is not None}}
         self.spec = eagle.spec_for(target.model, self.kind)
         self._draft_ids: torch.Tensor | None = None
         self._t2d: torch.Tensor | None = None

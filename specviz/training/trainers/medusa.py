@@ -43,7 +43,6 @@ class MedusaTrainer(Trainer):
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)
         options = options or {}
-        self.opts = {**DEFAULTS, **{k: v for k, v in options.items() if k in DEFAULTS and v is not None}}
         if options.get("layers") is not None:
             self.opts["blocks"] = int(options["layers"])
         self.spec = medusa.spec_for(target.model, int(self.opts["medusa_heads"]), int(self.opts["blocks"]))

@@ -35,7 +35,6 @@ class MtpTrainer(Trainer):
     def __init__(self, target, options: dict | None = None) -> None:
         super().__init__(target, options)
         options = options or {}
-        self.opts = {**DEFAULTS, **{k: v for k, v in options.items() if k in DEFAULTS and v is not None}}
         if options.get("layers") is not None:
             self.opts["modules"] = int(options["layers"])
         if not 1 <= int(self.opts["modules"]) <= 16:
