@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
 from specviz.drafters.eagle_layouts import HeadSpec
-from specviz.drafters.head_parts import GatedMLP, fresh, rotate_half, shallow_copy, target_parts
+from specviz.drafters.head_parts import GatedMLP, fresh, rope_attention, shallow_copy, target_parts
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget, Drafter
@@ -232,18 +232,7 @@ class EagleHead(nn.Module):
         q = attn.q_proj(x).view(batch, length, spec.num_heads, spec.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        inv_freq, scaling = self._rope
-        freqs = position_ids.reshape(-1, length).to(x.device)[..., None].float() * inv_freq.to(x.device)
-        angles = torch.cat((freqs, freqs), dim=-1)  # as transformers' Llama RoPE computes them
-        cos, sin = (angles.cos() * scaling).to(x.dtype)[:, None], (angles.sin() * scaling).to(x.dtype)[:, None]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        if cache is not None:
-            k, v = cache.update(k, v, 0)
-        total = k.shape[-2]
-        if mask is None and length > 1:
-            mask = torch.ones(length, total, dtype=torch.bool, device=x.device).tril(total - length)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=spec.num_kv_heads != spec.num_heads)
+        out = rope_attention(q, k, v, position_ids, self._rope, cache=cache, mask=mask)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
     # ---- inference copy -----------------------------------------------------------------------------------------

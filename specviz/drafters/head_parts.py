@@ -77,3 +77,23 @@ def fresh(build: Callable[[], M], seed: int | None, *, embeddings: bool = False,
         if seed is not None:
             torch.random.set_rng_state(state)
     return module
+
+
+def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor,
+                   rope: tuple[torch.Tensor, float], *, cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Llama-style RoPE on ``[B, heads, T, D]`` q and k (``rope`` = (inv_freq, attention scaling), angles as
+    transformers computes them), the cache's keys and values appended, then SDPA (GQA when the head counts differ;
+    causal from the bottom right when no ``mask`` is given). Returns ``[B, heads, T, D]``."""
+    length = q.shape[-2]
+    inv_freq, scaling = rope
+    freqs = position_ids.reshape(-1, length).to(q.device)[..., None].float() * inv_freq.to(q.device)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = (angles.cos() * scaling).to(q.dtype)[:, None], (angles.sin() * scaling).to(q.dtype)[:, None]
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    if cache is not None:
+        k, v = cache.update(k, v, 0)
+    total = k.shape[-2]
+    if mask is None and length > 1:
+        mask = torch.ones(length, total, dtype=torch.bool, device=q.device).tril(total - length)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])

@@ -24,7 +24,6 @@ on a frozen target (``specviz train mtp``); published MTP layers are trained joi
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
-from specviz.drafters.head_parts import GatedMLP, fresh, target_parts
+from specviz.drafters.head_parts import GatedMLP, fresh, rope_attention, shallow_copy, target_parts
 from specviz.drafters.mtp_layouts import MtpSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
@@ -178,18 +177,7 @@ class MtpStack(nn.Module):
         if spec.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        inv_freq, scaling = self._rope
-        freqs = position_ids.reshape(-1, length).to(x.device)[..., None].float() * inv_freq.to(x.device)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = (angles.cos() * scaling).to(x.dtype)[:, None], (angles.sin() * scaling).to(x.dtype)[:, None]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        if cache is not None:
-            k, v = cache.update(k, v, 0)
-        total = k.shape[-2]
-        if mask is None and length > 1:
-            mask = torch.ones(length, total, dtype=torch.bool, device=x.device).tril(total - length)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=spec.num_kv_heads != spec.num_heads)
+        out = rope_attention(q, k, v, position_ids, self._rope, cache=cache, mask=mask)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
     def for_inference(self) -> MtpStack:
@@ -205,21 +193,6 @@ class MtpStack(nn.Module):
         if not self._borrowed["output_packed"] and fast_forward.available(str(rows.device), rows.dtype):
             fast._output_op = fast_forward.packed_linear(rows.contiguous())
         return fast
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def shallow_copy(module: nn.Module, pack) -> nn.Module:
-    """``module`` and its children copied (tensors shared); each ``nn.Linear`` runs through ``pack``."""
-    new = copy.copy(module)
-    new._modules = {name: None if child is None else shallow_copy(child, pack)
-                    for name, child in module._modules.items()}
-    if isinstance(module, nn.Linear):
-        new.forward = pack(module.weight, module.bias)
-    return new
 
 
 # ---- building, saving and loading -------------------------------------------------------------------------------
