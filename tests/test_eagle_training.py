@@ -85,3 +85,28 @@ def test_short_training_lowers_the_loss_and_predicts(kind, tmp_path):
     trainer.save_pretrained(head, tmp_path / "final")
     loaded = eagle.load_head(tmp_path / "final", target.model)
     assert loaded.feature_layers == head.feature_layers
+
+
+def test_a_resumed_eagle3_run_keeps_its_draft_vocabulary_on_new_data(tmp_path):
+    """Resuming on more (different) data must not re-pick the draft vocabulary under the trained head's rows."""
+    target = tiny.target("llama", VOCAB, layers=LAYERS, scale=10)
+    rng = random.Random(0)
+    low = [[rng.randrange(VOCAB // 2) for _ in range(24)] for _ in range(8)]
+    high = [[VOCAB // 2 + rng.randrange(VOCAB // 2) for _ in range(24)] for _ in range(8)]
+    config = TrainConfig(steps=10, batch_size=8, seq_len=24, lr=3e-3, warmup=3, save_every=10, log_every=10)
+
+    first = get_trainer("eagle3")(target, {"draft_vocab": 24})
+    data = feature_set(target.model, low, first.features().layers)
+    first.prepare(data)
+    head = first.build_student()
+    fit(first, head, data, config, tmp_path, log=lambda line: None)
+    batch = make_batch(data, list(range(8)), 24)
+    trained = first.loss(head, batch)[0].item()
+
+    second = get_trainer("eagle3")(target, {"draft_vocab": 24})
+    second.prepare(feature_set(target.model, low + high, second.features().layers))
+    resumed = second.build_student()
+    assert not torch.equal(resumed.draft_ids(), head.draft_ids())  # the new data alone would pick another one
+    fit(second, resumed, data, TrainConfig(**{**config.__dict__, "resume": True}), tmp_path, log=lambda line: None)
+    assert torch.equal(resumed.draft_ids(), head.draft_ids())
+    assert second.loss(resumed, batch)[0].item() == pytest.approx(trained, rel=1e-5)

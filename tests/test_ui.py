@@ -14,7 +14,7 @@ import pytest
 
 from specviz import api
 from specviz.ui import runner
-from specviz.ui.state import Producer, Session
+from specviz.ui.state import Producer, Session, apply
 from specviz.viz.record import RunRecord
 from tests import tiny
 
@@ -311,3 +311,71 @@ def test_app_compares_the_mtp_chain_with_the_medusa_tree(served, mtp_medusa):
     chain_plot, tree_plot = json.dumps(chain_tree), json.dumps(tree_tree)  # each side's latest round (its last
     assert "module 1" in chain_plot and "head 1" not in chain_plot  # round may be cut to one token: depth 1 only)
     assert "head 1" in tree_plot and "module 1" not in tree_plot
+
+
+# ---- ZeroGPU: no GPU granted → the CPU, with a note -------------------------------------------------------------
+def _refused(request, fallback_note=""):
+    """What ``spaces.GPU``'s wrapper raises when ZeroGPU lends no GPU: a gr.Error titled "ZeroGPU …", before the
+    function runs."""
+    import gradio as gr
+
+    raise gr.Error("You have exceeded your free ZeroGPU quota (120s requested vs. 0s left). Try again in 3:00:00.",
+                   title="ZeroGPU quota exceeded")
+    yield  # a generator, like runner.stream
+
+
+def test_zero_gpu_without_a_gpu_runs_on_the_cpu_with_a_visible_note(tiny_targets):
+    from specviz.ui import zerogpu
+    from specviz.viz.panels import run_label
+
+    devices = []
+
+    def on_cpu(request, fallback_note=""):
+        devices.append(request.device)
+        yield from runner.stream(request, fallback_note=fallback_note)
+
+    record = RunRecord(header={})
+    for event in zerogpu.with_cpu_fallback(_refused, on_cpu)(request()):
+        apply(record, event)
+    assert record.finished and devices == ["cpu"]
+    label = run_label(record)
+    assert "ZeroGPU lent no GPU (ZeroGPU quota exceeded: You have exceeded your free ZeroGPU quota" in label
+    assert "fell back to the CPU" in label and record.header["note"] in label
+    plain = api.plain_decode(tiny_targets[0], tiny_targets[0].encode_prompt(PROMPT_A, chat=False), request().config())
+    assert record.token_ids == plain.token_ids
+
+    measured = zerogpu.with_cpu_fallback(lambda r: next(_refused(r)), runner.plain_run)(request())
+    assert measured["token_ids"] == plain.token_ids and "fell back to the CPU" in measured["note"]
+
+
+def test_zero_gpu_errors_of_a_run_that_had_its_gpu_are_not_retried(tiny_targets):
+    import gradio as gr
+
+    from specviz.errors import SpecvizError
+    from specviz.ui import zerogpu
+
+    def aborted_midway(request, fallback_note=""):
+        yield from runner.stream(request)
+        raise gr.Error("GPU task aborted", title="ZeroGPU quota exceeded")
+
+    def worker_error(request, fallback_note=""):
+        raise gr.Error("GPU task aborted", title="ZeroGPU worker error")
+        yield
+
+    def our_error(request, fallback_note=""):
+        raise SpecvizError("unknown model 'x'")
+        yield
+
+    ran_on_cpu = []
+
+    def on_cpu(request, fallback_note=""):
+        ran_on_cpu.append(fallback_note)
+        yield from runner.stream(request, fallback_note=fallback_note)
+
+    for on_gpu, expected in ((aborted_midway, "GPU task aborted"), (worker_error, "GPU task aborted"),
+                             (our_error, "unknown model")):
+        with pytest.raises(Exception, match=expected):
+            list(zerogpu.with_cpu_fallback(on_gpu, on_cpu)(request(max_new_tokens=4)))
+    assert ran_on_cpu == []
+    assert zerogpu.no_gpu_granted(gr.Error("x", title="ZeroGPU queue timeout"))
+    assert not zerogpu.no_gpu_granted(RuntimeError("ZeroGPU quota exceeded"))

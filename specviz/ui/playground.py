@@ -81,6 +81,8 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
             record.stop_reason = "stopped"
             record.summary = record.trace_summary()
         message, level = streaming.final_status(record, stopped=stopped)
+        if record.run_note:
+            gr.Warning(record.run_note)
         yield {**view.render(record, status=message, level=level), download: _download(state, record)}
 
     def step(state: Session, *values):
@@ -96,7 +98,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
             state.record = record
             events = runner.stream(request)
             state.stepper, state.step_request = events, request
-            first = not runner.is_loaded(request.target, request.target_forward)
+            first = not runner.is_loaded(request.target, request.target_forward, request.device)
             loading = f"Loading {request.target}, then calibrating plain decoding…" if first else \
                 "Preparing the first round…"
             yield view.render(record, status=loading, running=True)
@@ -161,6 +163,8 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
             record.plain = runner.plain_run(recorded)
         except Exception as error:
             raise gr.Error(one_line(error), print_exception=False) from None
+        if record.plain.get("note"):
+            gr.Warning(record.plain["note"])
         message, level = streaming.final_status(record, stopped=record.stop_reason == "stopped")
         yield {**view.render(record, status=message, level=level), download: _download(state, record)}
 

@@ -121,19 +121,22 @@ def preload(name: str, target: api.Target) -> None:
     _PRELOADED[name] = target
 
 
-def is_loaded(spec: str, target_forward: str = settings.default("target_forward")) -> bool:
-    return spec in _PRELOADED or (spec, target_forward) in _LOADED
+def is_loaded(spec: str, target_forward: str = settings.default("target_forward"),
+              device: str | None = None) -> bool:
+    return spec in _PRELOADED or (spec, target_forward, device) in _LOADED
 
 
-def load_target(spec: str, target_forward: str = settings.default("target_forward")) -> tuple[api.Target, float, bool]:
-    """The target for ``spec`` (cached by ``specviz.models``), the seconds it took, and whether it was a first load."""
+def load_target(spec: str, target_forward: str = settings.default("target_forward"),
+                device: str | None = None) -> tuple[api.Target, float, bool]:
+    """The target for ``spec`` (cached by ``specviz.models``), the seconds it took, and whether it was a first load.
+    ``device`` None is the best available one."""
     spec = spec.strip()
     if spec in _PRELOADED:
         return _PRELOADED[spec], 0.0, False
-    first = (spec, target_forward) not in _LOADED
+    first = (spec, target_forward, device) not in _LOADED
     start = time.perf_counter()
-    target = api.load_target(spec, target_forward=target_forward)
-    _LOADED.add((spec, target_forward))
+    target = api.load_target(spec, target_forward=target_forward, device=device)
+    _LOADED.add((spec, target_forward, device))
     return target, time.perf_counter() - start, first
 
 
@@ -185,16 +188,18 @@ def calibrate(target: api.Target, prompt_ids: list[int], request: RunRequest, de
 
 # ---- the GPU-using generators ----------------------------------------------------------------------------------
 @zerogpu.gpu
-def stream(request: RunRequest) -> Iterator[object]:
-    """Load, (calibrate,) then run speculative decoding, yielding one event per step. Errors: ``SpecvizError``."""
+def stream(request: RunRequest, fallback_note: str = "") -> Iterator[object]:
+    """Load, (calibrate,) then run speculative decoding, yielding one event per step. Errors: ``SpecvizError``.
+    ``fallback_note`` (a ZeroGPU run moved to the CPU) goes into the trace header, where the run label shows it."""
     values = request.values()
-    target, load_s, first = load_target(request.target, request.target_forward)
+    target, load_s, first = load_target(request.target, request.target_forward, request.device)
     drafter = api.make_drafter(request.drafter, target, values)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     run = api.start(target, prompt_ids, drafter, request.budget(), request.config())
     device = str(target.device)
-    yield Loaded(header=api.header_for(run, request.prompt, request.chat), device=device, load_s=load_s,
-                 first_load=first)
+    header = api.header_for(run, request.prompt, request.chat)
+    yield Loaded(header={**header, "note": fallback_note} if fallback_note else header, device=device,
+                 load_s=load_s, first_load=first)
     calibration = cached_calibration(request, device, len(prompt_ids))
     if calibration is None:
         calibration = calibrate(target, prompt_ids, request, device)
@@ -208,12 +213,12 @@ def stream(request: RunRequest) -> Iterator[object]:
 
 
 @zerogpu.gpu
-def plain_run(request: RunRequest) -> dict:
+def plain_run(request: RunRequest, fallback_note: str = "") -> dict:
     """Plain decoding of the same prompt with the same settings: the full side-by-side baseline."""
     request.validate()
-    target, _, _ = load_target(request.target, request.target_forward)
+    target, _, _ = load_target(request.target, request.target_forward, request.device)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     api.plain_decode(target, prompt_ids[-16:], api.GenerationConfig(max_new_tokens=2))  # warm-up
     run = api.plain_decode(target, prompt_ids, request.config())
     return {"tokens_per_s": run.tokens_per_s, "token_ids": run.token_ids, "elapsed_s": run.elapsed_s,
-            "text": run.text}
+            "text": run.text, "note": fallback_note}

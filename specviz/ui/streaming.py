@@ -52,7 +52,7 @@ def live_status(producer: Producer, request: runner.RunRequest, record: RunRecor
     """What the page says while a run is in flight, including model-loading progress."""
     waited = time.perf_counter() - producer.started
     if producer.phase == "starting":
-        if runner.is_loaded(request.target, request.target_forward):
+        if runner.is_loaded(request.target, request.target_forward, request.device):
             return f"Preparing {request.target} and the {request.drafter} drafter… {waited:.1f} s"
         return (f"Loading target {request.target}… {waited:.1f} s (the first load reads the weights; "
                 "later runs reuse them)")

@@ -123,8 +123,9 @@ def run_label(record: RunRecord) -> str:
     sampling = "greedy" if record.greedy else f"T={temperature} top-p={config.get('top_p', 1.0)}"
     notes = "; ".join(note for note in (record.drafter_reads, record.drafter_trained, record.drafter_schedule) if note)
     reads = f" ({notes})" if notes else ""
+    fallback = f" · {record.run_note}" if record.run_note else ""
     return (f"{origin} · target {record.target_name} · drafter {record.drafter_name}{reads} · {record.budget_text} · "
-            f"{sampling} · seed {config.get('seed')}")
+            f"{sampling} · seed {config.get('seed')}{fallback}")
 
 
 def compare_stats_html(record: RunRecord | None) -> str:

@@ -90,6 +90,12 @@ class RunRecord:
         return f"trained {trained}" if isinstance(trained, str) and trained else ""
 
     @property
+    def run_note(self) -> str:
+        """A note on how the run ran that its reader must see (a ZeroGPU run that fell back to the CPU)."""
+        note = self.header.get("note")
+        return note if isinstance(note, str) else ""
+
+    @property
     def drafter_schedule(self) -> str:
         """DSpark's verify-cost curve, when the drafter cuts its proposals on one ("" otherwise)."""
         drafter = self.header.get("drafter")

@@ -79,6 +79,10 @@ class Trainer(ABC):
     def build_student(self) -> torch.nn.Module:
         """A freshly initialised student (trainable)."""
 
+    def resumed(self, student: torch.nn.Module) -> None:
+        """A checkpoint has just restored ``student``: rebuild what the trainer derived from its fresh init (a
+        resumed run keeps the student's own choices, such as EAGLE-3's draft vocabulary, even on new data)."""
+
     @abstractmethod
     def loss(self, student: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss on one batch and floats to log."""
@@ -120,6 +124,7 @@ def fit(trainer: Trainer, student: torch.nn.Module, train: FeatureSet, config: T
     history: list[dict] = []
     if config.resume and (found := latest_checkpoint(ckpt_root)) is not None:
         state = load_checkpoint(found, student, optimizer)
+        trainer.resumed(student)
         start = state["step"]
         history = state["extra"].get("history", [])
         log(f"resumed from {found} at step {start}")

@@ -61,14 +61,18 @@ class EagleTrainer(Trainer):
         if self.kind == "eagle3" and self._draft_ids is None:
             raise SpecvizError("the EAGLE-3 trainer needs prepare(train set) before build_student")
         head = eagle.new_head(self.target.model, self.kind, draft_ids=self._draft_ids, seed=0)
-        t2d = torch.full((self.spec.vocab_size,), -1, dtype=torch.long)
-        ids = head.draft_ids()
-        if ids is None:
-            t2d = torch.arange(self.spec.vocab_size)
-        else:
-            t2d[ids] = torch.arange(ids.numel())
-        self._t2d = t2d
+        self.resumed(head)
         return head
+
+    def resumed(self, student: eagle.EagleHead) -> None:
+        """The loss's target → draft id map, from the head's own draft vocabulary (a checkpoint's, on resume)."""
+        ids = student.draft_ids()
+        if ids is None:
+            self._t2d = torch.arange(self.spec.vocab_size)
+            return
+        t2d = torch.full((self.spec.vocab_size,), -1, dtype=torch.long)
+        t2d[ids.cpu()] = torch.arange(ids.numel())
+        self._t2d = t2d
 
     def _features(self, head: eagle.EagleHead, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         return torch.cat([hidden[layer] for layer in head.feature_layers], dim=-1)
