@@ -280,10 +280,20 @@ def validate(values: Mapping[str, Any] | None = None, *, ui: bool = False) -> Va
     return Values(check_all(values or {}, SETTINGS, ui=ui), _VALIDATED)
 
 
+def _number(setting: Setting, text: str):
+    """``text`` as the setting's number type when it reads as one (else unchanged, for ``check`` to reject)."""
+    if setting.type in (int, float):
+        try:
+            return setting.type(text)
+        except ValueError:
+            return text
+    return text
+
+
 def split(name: str, text: str) -> list:
     """A comma list of one setting's values (``--draft-quant off,int8`` in the benchmark), each checked."""
     setting = get(name)
-    values = [check(setting, part.strip()) for part in (text or "").split(",") if part.strip()]
+    values = [check(setting, _number(setting, part.strip())) for part in (text or "").split(",") if part.strip()]
     if not values:
         options = " or ".join([*setting.choices, ",".join(setting.choices)]) if setting.choices else "a value"
         raise SpecvizError(f"--{setting.cli_name} is empty; give {options}")

@@ -154,3 +154,19 @@ def test_speedup_and_predicted_speedup_formulas():
     assert (stats.draft_ms, stats.verify_ms, stats.other_ms) == (4.0, 12.0, 4.0)
     assert not stats.slower_than_plain
     assert summary.noise.median == pytest.approx(3.0)
+
+
+def test_k_list_sweeps_chain_lengths_in_one_suite():
+    """``--k 1,2,4``: one chain row per k (DSpark's schedule against every fixed length, side by side), trees and
+    transformers' rows once, at the first k; the command line reproduces the list."""
+    from specviz.bench import command
+
+    specs = build_specs(["ngram"], ["chain", "tree"], DraftBudget(k=1), hf=True, chain_ks=(1, 2, 4))
+    assert [s.name for s in specs] == ["ngram chain k=1", "ngram chain k=2", "ngram chain k=4",
+                                       "ngram tree w=2 d=5 n<=24"[:0] + specs[3].name, "hf generate (plain)",
+                                       "hf prompt lookup k=1 n=3"]
+    assert specs[3].shape == "tree" and [s.budget.k for s in specs[:3]] == [1, 2, 4]
+    parser, _ = cli.build_parser()
+    args = parser.parse_args(["bench", "--drafters", "ngram", "--k", "2,1,7", "--no-hf"])
+    command._resolve(args)
+    assert args.k_list == [2, 1, 7] and args.values["k"] == 2 and "--k 2,1,7" in command._command(args)

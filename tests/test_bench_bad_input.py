@@ -65,6 +65,8 @@ def test_bad_drafter_list(capsys, tmp_path, drafters, fragment):
     (["--limit-per-category", "0"], "limit-per-category must be at least 1"),
     (["--shapes", "chain,star"], "--shapes takes chain, tree"),
     (["--k", "0"], "k must be"),
+    (["--k", "2,0"], "k must be"),
+    (["--k", "2,x"], "k must be"),
     (["--threads", "0"], "threads must be"),
     (["--draft-quant", "off,int4"], "draft-quant must be one of off, int8"),
     (["--draft-quant", ","], "--draft-quant is empty"),

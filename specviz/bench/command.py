@@ -57,7 +57,7 @@ def add_parser(subparsers) -> None:
         "bench", help="acceptance and measured speedup per drafter, chain vs tree, vs plain and transformers",
         description="Benchmark every drafter as a chain and a tree against plain decoding of the same target "
                     "(interleaved per prompt) and against Hugging Face assisted generation / prompt lookup.")
-    settings.add_options(parser, lists=("draft_quant",), readers=registry.reader_titles())
+    settings.add_options(parser, lists=("draft_quant", "k"), readers=registry.reader_titles())
     settings.add_options(parser, OPTIONS)
 
 
@@ -69,7 +69,8 @@ def _resolve(args: argparse.Namespace) -> None:
     if args.limit_per_category is None and args.quick:
         args.limit_per_category = QUICK["limit_per_category"]
     args.draft_quant_list = settings.split("draft_quant", args.draft_quant)
-    args.values = settings.from_args(args, draft_quant=args.draft_quant_list[0])
+    args.k_list = settings.split("k", str(args.k))  # chain rows per k: a verify-length sweep in one suite
+    args.values = settings.from_args(args, draft_quant=args.draft_quant_list[0], k=args.k_list[0])
     args.shape_list = configs.parse_shapes(args.shapes) if args.shapes else (["tree"] if args.tree else
                                                                              ["chain", "tree"])
     args.drafter_list = registry.parse_list(args.drafters) if args.drafters is not None else \
@@ -79,7 +80,7 @@ def _resolve(args: argparse.Namespace) -> None:
 def _command(args: argparse.Namespace) -> str:
     """The equivalent command line with every effective setting (what BENCHMARKS.md quotes), generated from the
     declarations: the run settings' and the benchmark's own."""
-    run_values = {**args.values, "draft_quant": args.draft_quant_list}
+    run_values = {**args.values, "draft_quant": args.draft_quant_list, "k": args.k_list}
     own = {**{o.name: getattr(args, o.name) for o in OPTIONS}, "drafters": ",".join(args.drafter_list),
            "shapes": ",".join(args.shape_list)}
     return settings.command_line(["python", "-m", "specviz", "bench", *settings.command_args(run_values),
@@ -112,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     reference = target if target.forward == "hf" else api.load_target(values["target"], target_forward="hf",
                                                                        **kwargs)
     specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults,
-                                draft_vocab=values["draft_vocab"], draft_quants=tuple(args.draft_quant_list))
+                                draft_vocab=values["draft_vocab"], draft_quants=tuple(args.draft_quant_list),
+                                chain_ks=tuple(args.k_list))
     drafters = {}
     for spec in specs:  # one drafter per (drafter, precision); transformers' rows use the same loaded draft model
         if spec.drafter and spec.drafter_key not in drafters:
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     context = max((target.encode_prompt(p.text, chat=values["chat"]) for p in prompts), key=len)
     try:
         paths = {target.forward: target} | ({} if reference is target else {"hf": reference})
-        cost = verify_cost.compare_paths(paths, context, verify_cost.widths_for(budget.k, budget.max_nodes),
+        cost = verify_cost.compare_paths(paths, context, verify_cost.widths_for(max(args.k_list), budget.max_nodes),
                                          about["memory_bandwidth_gbs"])
     except SpecvizError as error:  # an extra measurement: never lose the suite's results over it
         print(f"warning: {error}; the report leaves the verify-width table out", file=sys.stderr)

@@ -63,9 +63,10 @@ def ngram_size(spec: str) -> int:
 
 def build_specs(
     drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False,
-    draft_vocab: int = 0, draft_quants: tuple[str, ...] = ("off",),
+    draft_vocab: int = 0, draft_quants: tuple[str, ...] = ("off",), chain_ks: tuple[int, ...] = (),
 ) -> list[RunSpec]:
-    """The rows, in table order: specviz drafter x precision x shape, then the Hugging Face references."""
+    """The rows, in table order: specviz drafter x precision x shape (a chain per k of ``chain_ks``, default the
+    budget's), then the Hugging Face references (at the budget's k)."""
     chain = replace(budget, tree=False)
     tree = replace(budget, tree=True)
     specs: list[RunSpec] = []
@@ -75,9 +76,9 @@ def build_specs(
         for quant in draft_quants if "draft_quant" in reads else ("off",):
             suffix = trimmed + ("" if quant == "off" else f" {quant}")
             for shape in shapes:
-                shaped = chain if shape == "chain" else tree
-                specs.append(RunSpec(f"{drafter} {shaped.describe()}{suffix}", "specviz", drafter, shape, shaped,
-                                     draft_quant=quant))
+                budgets = [replace(chain, k=k) for k in chain_ks or (chain.k,)] if shape == "chain" else [tree]
+                specs += [RunSpec(f"{drafter} {shaped.describe()}{suffix}", "specviz", drafter, shape, shaped,
+                                  draft_quant=quant) for shaped in budgets]
     if not hf:
         return specs
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))
