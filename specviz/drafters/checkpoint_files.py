@@ -146,7 +146,7 @@ def rope_of(config: dict, what: str = "the drafter's") -> tuple[dict, int, int]:
     known = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
              "rope_parameters", "max_position_embeddings")
     previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # llama3-scaled configs warn about their own max_position_embeddings
     try:
         resolved = LlamaConfig(**{k: config[k] for k in known if config.get(k) is not None})
     except (TypeError, ValueError, KeyError) as error:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from specviz.drafters.checkpoint_files import read_config, read_tensors, spec_from_dict  # noqa: F401 - re-exported
+from specviz.drafters.checkpoint_files import read_config, read_tensors, rope_of, spec_from_dict  # noqa: F401 - re-exported
 from specviz.errors import SpecvizError
 
 DIALECTS = ("specviz", "eagle1-official", "eagle3-official", "eagle3-specforge", "eagle3-speculators")
@@ -185,24 +185,6 @@ def _aux_ids(config: dict) -> list[int] | None:
     return ids
 
 
-def _rope_and_head_dim(layer: dict) -> tuple[dict, int, int]:
-    """(rope parameters, head_dim, max positions) as transformers resolves them from a Llama-style config dict."""
-    from transformers import LlamaConfig
-    from transformers.utils import logging as hf_logging
-
-    known = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
-             "rope_parameters", "max_position_embeddings")
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # llama3-scaled configs warn about their own max_position_embeddings
-    try:
-        resolved = LlamaConfig(**{k: layer[k] for k in known if layer.get(k) is not None})
-    except (TypeError, ValueError, KeyError) as error:
-        raise SpecvizError(f"cannot read the head's attention/RoPE settings: {error}") from None
-    finally:
-        hf_logging.set_verbosity(previous)
-    return dict(resolved.rope_parameters), int(resolved.head_dim), int(resolved.max_position_embeddings)
-
-
 def _require(config: dict, *names: str) -> None:
     missing = [n for n in names if config.get(n) is None]
     if missing:
@@ -240,7 +222,7 @@ def head_spec(config: dict, target: TargetShape, dialect: str | None = None,
     if target_hidden is not None and int(target_hidden) != hidden:
         raise SpecvizError(f"the head is {hidden} wide over {target_hidden}-wide target features "
                            f"(target_hidden_size); heads of another width than their target are not supported")
-    rope, head_dim, max_positions = _rope_and_head_dim(layer)
+    rope, head_dim, max_positions = rope_of(layer, "the head's")
     vocab = int(layer["vocab_size"])
     common = dict(hidden_size=hidden, intermediate_size=int(layer["intermediate_size"]),
                   num_heads=int(layer["num_attention_heads"]),
