@@ -19,9 +19,9 @@ from contextlib import contextmanager
 import torch
 
 from specviz.models import cascade_attention
-from specviz.models.device import CASCADE
+from specviz.models.device import CASCADE, GROUPED_SDPA
 
-MASK_CAPABLE = {"sdpa", "eager"}
+MASK_CAPABLE = {"sdpa", "eager", GROUPED_SDPA}
 #: Backends that take a 4D mask when its first ``kv - q`` columns are all visible.
 SHARED_PREFIX_MASK_CAPABLE = {CASCADE}
 

@@ -6,7 +6,9 @@ products on one thread; oneDNN with weights reordered once into its blocked layo
 floor for 1 to 16 rows (BENCHMARKS.md has the curve). So each linear layer keeps its module and its weights, and only
 its ``forward`` is replaced by a call to the packed kernel. The modeling code is transformers' own. In float32 the
 Llama-style RMSNorms (fp32 upcast, mean of squares, rsqrt, scale) run as one ``F.rms_norm`` call: the same result bit
-for bit (tested) with one operator call instead of six.
+for bit (tested) with one operator call instead of six. A model on transformers' SDPA attention runs
+``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the same kernel without copying every layer's cache
+per forward to repeat grouped key/value heads.
 
 ``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow
 the target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from specviz.errors import SpecvizError
+from specviz.models import grouped_sdpa
 
 #: The name the trace header and the UI show for this path.
 KERNEL = "onednn-packed-linear"
@@ -53,6 +56,9 @@ def fast_copy(model: nn.Module) -> nn.Module:
             module.forward = packed_linear(module.weight, module.bias)
         elif type(module).__name__ in PLAIN_RMS_NORMS and module.weight.dtype == torch.float32:
             module.forward = fused_rms_norm(module.weight, module.variance_epsilon)
+    if getattr(fast.config, "_attn_implementation", None) == "sdpa":
+        grouped_sdpa.register()
+        fast.set_attn_implementation(grouped_sdpa.NAME)
     setattr(fast, _MARK, True)
     return fast
 
