@@ -246,24 +246,34 @@ def test_tree_and_chain_records(setup):
         assert record.meta["block"]["drafts"] == 7 and len(record.meta["block"]["tokens"]) == 7
         json.dumps(record.meta)
 
-    chains = []
+    chains, blocks = [], []
 
     class KeepingSpark(DSparkDrafter):
         def propose(self, *args):
+            self.schedule = False  # the whole block first (the same block: its forward only reads the cache)
+            blocks.append(super().propose(*args))
+            self.schedule = True
             chains.append(super().propose(*args))
             return chains[-1]
 
     drafter = KeepingSpark(models["dspark"], VOCAB, cost_curve=STEEP)
+    cut_short = 0
     for record in Generation(target, PROMPT, GenerationConfig(max_new_tokens=12), drafter, DraftBudget(k=7)):
-        chain, meta = chains[-1], record.meta
-        heads = meta["confidence_head"]  # every drafted position: 7, or what is left to generate
-        assert len(heads) <= 7 and (record.index > 0 or len(heads) == 7) and all(0.0 < c < 1.0 for c in heads)
+        chain, meta, whole = chains[-1], record.meta, blocks[-1].meta
+        heads = meta["confidence_head"]  # the drafted positions: up to the one that ended the schedule's scan
+        cap = len(whole["confidence_head"])  # 7, or what is left to generate
+        assert all(0.0 < c < 1.0 for c in heads)
         assert meta["survival"] == pytest.approx([math.prod(heads[: i + 1]) for i in range(len(heads))], abs=1e-5)
         assert chain.confidence == pytest.approx(meta["survival"][: len(chain)], abs=1e-5)
-        expected = cost_curve.best_prefix(meta["survival"], STEEP, len(heads))
+        # the early stop changes nothing: the same drafts and the choice the whole block's survival gives
+        expected = cost_curve.best_prefix(whole["survival"], STEEP, cap)
         assert meta["schedule"]["length"] == expected.length == len(chain)
+        assert meta["block"]["tokens"] == whole["block"]["tokens"][: len(heads)]
+        assert len(heads) == (cap if len(chain) == cap else len(chain) + 1)
+        cut_short += len(heads) < cap
         assert record.confidence == chain.confidence
         json.dumps(meta)
+    assert cut_short  # the steep curve did stop the drafting early
     assert drafter.describe()["cost_curve"]["source"] == "steep (test)"
 
 

@@ -38,6 +38,7 @@ Loaders for our folder and the published layouts: ``specviz.drafters.dflash_layo
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -544,16 +545,15 @@ class DSparkDrafter(BlockDrafter):
                 generator: torch.Generator) -> DraftTree:
         hidden, base = self.block(context)
         cap = min(budget.max_depth, self.spec.drafts)
-        tokens, rows, heads = self._draft(context[-1], hidden, base, cap, sampling, generator)
+        scan = cost_curve.PrefixScan(self.cost_curve, cap) if self.schedule else None
+        tokens, rows, estimates = self._draft(context[-1], hidden, base, cap, sampling, generator, scan)
         q_token = [float(rows[i, t]) for i, t in enumerate(tokens)]
-        # ĉ_k must not depend on x_k itself, or cutting on it would bias sampled output: the confidence head reads
-        # [h_k ; W1[x_{k-1}]]; without one, the mode's probability of the row x_k is drawn from stands in
-        estimates = heads if heads is not None else [float(row.max()) for row in rows]
         survival = _cumulative_product(estimates)
-        plan = cost_curve.best_prefix(survival, self.cost_curve, cap) if self.schedule else None
+        plan = scan.schedule if scan is not None else None
         length = plan.length if plan is not None else cap
         q_dist = torch.zeros(length + 1, self.vocab_size)
-        q_dist[: min(length + 1, cap)] = rows[: length + 1]
+        q_dist[: min(length + 1, len(tokens))] = rows[: length + 1]
+        heads = estimates if self.runner.confidence_head is not None else None
         meta = {"block": self._block_meta(tokens, q_token), "survival": [round(s, 6) for s in survival],
                 "pruned": _cut_tail(tokens, q_token, survival, length),
                 "confidence_head": None if heads is None else [round(c, 6) for c in heads],
@@ -563,13 +563,20 @@ class DSparkDrafter(BlockDrafter):
                                sampled=not sampling.greedy, confidence=survival[:length], meta=meta)
 
     def _draft(self, anchor: int, hidden: torch.Tensor, base: torch.Tensor, count: int, sampling: SamplingConfig,
-               generator: torch.Generator) -> tuple[list[int], torch.Tensor, list[float] | None]:
-        """Left to right: x_k from base_k + W2 W1[x_{k-1}] (x_{-1} = anchor), argmax or drawn. Returns the tokens,
-        the ``[count, V]`` distributions they came from (softmax when greedy) and the confidence head's c_k."""
+               generator: torch.Generator, scan: cost_curve.PrefixScan | None
+               ) -> tuple[list[int], torch.Tensor, list[float]]:
+        """Left to right: x_k from base_k + W2 W1[x_{k-1}] (x_{-1} = anchor), argmax or drawn, until ``scan`` (the
+        confidence schedule) is over or ``count`` are drafted. Returns the tokens, the distributions they came from
+        (softmax when greedy) and each one's confidence estimate ĉ_k.
+
+        ĉ_k must not depend on x_k itself, or cutting on it would bias sampled output: the confidence head reads
+        [h_k ; W1[x_{k-1}]]; without one, the mode's probability of the row x_k is drawn from stands in. The draft
+        that ends the scan is still drawn (the views show it, cut), the ones after it never are.
+        """
         model = self.runner
         tokens: list[int] = []
         rows = torch.zeros(count, self.vocab_size)
-        heads: list[float] | None = [] if model.confidence_head is not None else None
+        estimates: list[float] = []
         previous = anchor
         for k in range(count):
             prev = torch.tensor(previous, device=self._device)
@@ -577,8 +584,7 @@ class DSparkDrafter(BlockDrafter):
             bias = model.markov_bias(prev)
             if bias is not None:
                 logits = logits + bias.float()
-            if heads is not None:
-                heads.append(float(model.confidence(hidden[k], prev)))
+            head = model.confidence(hidden[k], prev)
             if sampling.greedy:
                 rows[k] = logits.float().cpu().softmax(-1)
                 previous = argmax_rows(logits[None])[0]
@@ -586,7 +592,10 @@ class DSparkDrafter(BlockDrafter):
                 rows[k] = probabilities(logits.cpu(), sampling)
                 previous = sample(rows[k], generator)
             tokens.append(previous)
-        return tokens, rows, heads
+            estimates.append(float(head) if head is not None else float(rows[k].max()))
+            if scan is not None and scan.add(math.prod(estimates)):
+                break
+        return tokens, rows[: len(tokens)], estimates
 
 
 def _cut_tail(tokens: list[int], q_token: list[float], survival: list[float], length: int) -> list[dict]:

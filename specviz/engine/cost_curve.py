@@ -171,13 +171,41 @@ def best_prefix(survival: list[float], curve: CostCurve, cap: int) -> Schedule:
     non-anticipating: whether token l + 1 is verified depends on the survival estimates up to l + 1 only, which a
     drafter computes from drafted tokens up to l, never from token l + 1 itself (DSpark, Appendix A).
     """
-    cap = min(cap, len(survival))
-    total, values, costs, length = 1.0, [], [], 0
-    for candidate in range(1, cap + 1):
-        total += survival[candidate - 1]
-        costs.append(curve.cost(1 + candidate))
-        values.append(total / costs[-1])
-        if length and values[-1] <= values[length - 1]:
+    scan = PrefixScan(curve, min(cap, len(survival)))
+    for value in survival:
+        if scan.add(value):
             break
-        length = candidate
-    return Schedule(length, tuple(values), tuple(costs))
+    return scan.schedule
+
+
+class PrefixScan:
+    """``best_prefix`` fed one survival at a time, so a drafter can stop drafting where the scan stops.
+
+    ``add(s_l)`` scans candidate length l and answers whether the scan is over (l did not improve on l - 1, or l is
+    the cap): nothing drafted after that can change the choice, so DSpark drafts no further.
+    """
+
+    def __init__(self, curve: CostCurve, cap: int):
+        self.curve, self.cap = curve, cap
+        self.total, self.length = 1.0, 0
+        self.values: list[float] = []
+        self.costs: list[float] = []
+        self.done = cap <= 0
+
+    def add(self, survival: float) -> bool:
+        if self.done:
+            return True
+        candidate = len(self.values) + 1
+        self.total += survival
+        self.costs.append(self.curve.cost(1 + candidate))
+        self.values.append(self.total / self.costs[-1])
+        if self.length and self.values[-1] <= self.values[self.length - 1]:
+            self.done = True
+        else:
+            self.length = candidate
+            self.done = candidate >= self.cap
+        return self.done
+
+    @property
+    def schedule(self) -> Schedule:
+        return Schedule(self.length, tuple(self.values), tuple(self.costs))

@@ -23,6 +23,10 @@ FORMULAS = {
     "verified_per_round": "verified per round = target tokens processed per verify forward (tree nodes + 1)",
     "wasted": "wasted verification = verified tokens that were not committed ÷ verified tokens",
     "overhead_ms": "engine overhead per round = round wall time − draft time − verify forward time",
+    "calibration": "calibration: every verified draft node whose parent was accepted (or is the root) is one sample, "
+    "predicted c = confidence(node) ÷ confidence(parent) (DSpark: its confidence head's ĉ; others: the draft "
+    "probability), realised = 1 if the node was accepted; ECE = Σ over 10 equal-width bins of "
+    "(samples in bin ÷ samples) × |mean realised − mean predicted|",
 }
 
 
@@ -141,3 +145,64 @@ def acceptance_by_label(rounds: Iterable[Round], key: str) -> dict[int | str, La
                     counts.offered += 1
                     counts.accepted += int(hit)
     return dict(sorted(stats.items(), key=lambda item: (type(item[0]).__name__, item[0])))
+
+
+@dataclass
+class CalibrationBin:
+    """One bin of predicted confidences ``[low, high)`` and what was realised there."""
+
+    low: float
+    high: float
+    count: int
+    predicted: float  # mean predicted confidence
+    realised: float  # fraction accepted
+
+
+@dataclass
+class Calibration:
+    """The drafter's per-node confidence against realised acceptance over a run (``FORMULAS["calibration"]``)."""
+
+    bins: list[CalibrationBin]
+    samples: int
+    ece: float
+
+
+def confidence_samples(round_: Round) -> list[tuple[float, bool]]:
+    """``(predicted, accepted)`` for each node of one round the target judged (its parent was accepted or is the
+    root; under rejection sampling, a sibling tested before the accepted one or the accepted one itself).
+
+    ``confidence`` is a path quantity (the chance the node and all its ancestors are accepted), so one node's own
+    chance given its parent was accepted is the ratio of the two. Rounds without confidence give nothing.
+    """
+    confidence = round_.confidence
+    if confidence is None or len(confidence) != len(round_.tokens):
+        return []
+    reached = {-1, *round_.accepted}
+    accepted = set(round_.accepted)
+    # rejection sampling stops testing a node's children at the first accepted one: the rest were never judged
+    tested = ({d.get("node") for d in round_.draws} if round_.rule == "rejection-sampling" and round_.draws
+              else None)
+    samples = []
+    for node, parent in enumerate(round_.parents):
+        if parent not in reached or (tested is not None and node not in tested):
+            continue
+        above = 1.0 if parent < 0 else confidence[parent]
+        if above > 0:
+            samples.append((min(1.0, max(0.0, confidence[node] / above)), node in accepted))
+    return samples
+
+
+def calibration(rounds: Iterable[Round], bins: int = 10) -> Calibration:
+    """Reliability-diagram bins and the expected calibration error over ``rounds`` (empty bins are left out)."""
+    sums = [[0, 0.0, 0] for _ in range(bins)]  # count, predicted sum, accepted count
+    for round_ in rounds:
+        for predicted, hit in confidence_samples(round_):
+            entry = sums[min(bins - 1, int(predicted * bins))]
+            entry[0] += 1
+            entry[1] += predicted
+            entry[2] += hit
+    total = sum(entry[0] for entry in sums)
+    kept = [CalibrationBin(i / bins, (i + 1) / bins, count, predicted / count, hits / count)
+            for i, (count, predicted, hits) in enumerate(sums) if count]
+    ece = sum(b.count * abs(b.realised - b.predicted) for b in kept) / total if total else 0.0
+    return Calibration(kept, total, ece)

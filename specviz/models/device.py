@@ -21,7 +21,7 @@ from specviz.errors import SpecvizError
 
 #: transformers' name for cascade attention (registered by ``specviz.models.cascade_attention.register``).
 CASCADE = "specviz_cascade"
-#: transformers' name for the fast CPU path's SDPA with grouped-query heads passed through (``specviz.models.grouped_sdpa``).
+#: transformers' name for the fast CPU path's SDPA, grouped-query heads passed through (``models.grouped_sdpa``).
 GROUPED_SDPA = "specviz_grouped_sdpa"
 #: Attention backends that accept the engine's 4D float tree mask.
 TREE_MASK_BACKENDS = frozenset({"sdpa", "eager", CASCADE, GROUPED_SDPA})

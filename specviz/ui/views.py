@@ -14,6 +14,7 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from specviz.viz import charts, diagnostics, panels
+from specviz.viz.confidence import confidence_spec
 from specviz.viz.record import RunRecord
 from specviz.viz.tokens import tokens_html
 from specviz.viz.tree_figure import tree_spec
@@ -44,6 +45,7 @@ class RunView:
     tokens: gr.HTML
     metrics: gr.HTML
     charts: gr.Plot
+    confidence: gr.Plot
     warnings: gr.HTML
 
     @classmethod
@@ -61,21 +63,24 @@ class RunView:
         with gr.Accordion("Formulas (how every number is defined)", open=False, elem_id=f"{prefix}formulas"):
             gr.Markdown(panels.formulas_markdown())
         charts_plot = gr.Plot(label="acceptance, time and speed", show_label=False, elem_id=f"{prefix}charts")
+        confidence = gr.Plot(plot(confidence_spec([])), label="drafter confidence: the round's block and the run's "
+                             "calibration", elem_id=f"{prefix}confidence")
         warnings = gr.HTML("", elem_id=f"{prefix}warnings")
-        return cls(status, speedup, tree, round_slider, round_info, tokens, metrics, charts_plot, warnings)
+        return cls(status, speedup, tree, round_slider, round_info, tokens, metrics, charts_plot, confidence,
+                   warnings)
 
     @property
     def outputs(self) -> list:
         return [self.status, self.speedup, self.tree, self.round_slider, self.round_info, self.tokens, self.metrics,
-                self.charts, self.warnings]
+                self.charts, self.confidence, self.warnings]
 
     @property
     def round_outputs(self) -> list:
-        return [self.tree, self.round_info, self.tokens]
+        return [self.tree, self.round_info, self.tokens, self.confidence]
 
     def render(self, record: RunRecord | None, *, status: str | None = None, level: str = "info",
                heavy: bool = True, running: bool = False, index: int | None = None) -> dict:
-        """Updates for every panel (charts and warnings only when ``heavy``)."""
+        """Updates for every panel (charts, the confidence panel and warnings only when ``heavy``)."""
         updates: dict = {}
         if status is not None:
             updates[self.status] = panels.status_html(status, level)
@@ -84,7 +89,7 @@ class RunView:
         count = len(record.rounds)
         index = count - 1 if index is None else max(0, min(index, count - 1))
         updates[self.round_slider] = gr.update(minimum=0, maximum=max(count - 1, 1), value=max(index, 0), step=1)
-        updates.update(self.render_round(record, index, running=running))
+        updates.update(self.render_round(record, index, running=running, confidence=heavy))
         updates[self.speedup] = panels.speedup_html(record)
         updates[self.metrics] = panels.metrics_html(record)
         if heavy:
@@ -92,18 +97,25 @@ class RunView:
             updates[self.warnings] = diagnostics.diagnostics_html(diagnostics.diagnose(record)) if count else ""
         return updates
 
-    def render_round(self, record: RunRecord | None, index: int, *, running: bool = False) -> dict:
-        """The tree, round summary and text for round ``index`` (the text highlights that round)."""
+    def render_round(self, record: RunRecord | None, index: int, *, running: bool = False,
+                     confidence: bool = True) -> dict:
+        """The tree, round summary and text for round ``index`` (the text highlights that round), and with
+        ``confidence`` the confidence panel (that round's block, the run's calibration)."""
         if record is None or not record.rounds:
-            return {self.tree: plot(tree_spec(None)), self.round_info: panels.round_info_html(None),
-                    self.tokens: tokens_html(record.prompt_pieces if record else None, [], caret=running)}
-        index = max(0, min(int(index), len(record.rounds) - 1))
-        round_ = record.rounds[index]
-        return {
-            self.tree: plot(tree_spec(round_, root_text=root_text(record, index))),
-            self.round_info: panels.round_info_html(round_, len(record.rounds)),
-            self.tokens: tokens_html(record.prompt_pieces, record.rounds, selected=index, caret=running),
-        }
+            updates = {self.tree: plot(tree_spec(None)), self.round_info: panels.round_info_html(None),
+                       self.tokens: tokens_html(record.prompt_pieces if record else None, [], caret=running)}
+            index = 0
+        else:
+            index = max(0, min(int(index), len(record.rounds) - 1))
+            round_ = record.rounds[index]
+            updates = {
+                self.tree: plot(tree_spec(round_, root_text=root_text(record, index))),
+                self.round_info: panels.round_info_html(round_, len(record.rounds)),
+                self.tokens: tokens_html(record.prompt_pieces, record.rounds, selected=index, caret=running),
+            }
+        if confidence:
+            updates[self.confidence] = plot(confidence_spec(record.rounds if record else [], index))
+        return updates
 
     @staticmethod
     def charts_figure(record: RunRecord):

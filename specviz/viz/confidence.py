@@ -1,0 +1,157 @@
+"""The drafter's confidence: one round's block as a row of positions, and the run's reliability diagram.
+
+Left: the round's chain drafts position by position (the verified ones and, for DSpark, the ones its schedule cut
+before verification, from ``Round.meta["pruned"]``): each position's draft probability q as a bar coloured by what
+the target did, the drafter's own confidence ĉ_k in the token given the ones before it, and the prefix survival
+s_k = ĉ_1 ⋯ ĉ_k. A scheduled round (``meta["schedule"]``) adds the cut ℓ and, on the right axis, the two curves the
+choice weighed: the verify cost cost(1 + ℓ) ÷ cost(1) and the expected tokens per millisecond (1 + Σ s) ÷ cost(1 + ℓ),
+relative to its best.
+
+Right: every judged draft of the run so far, predicted confidence against realised acceptance in ten bins, with
+the expected calibration error (``specviz.engine.metrics.calibration``; the formula is ``FORMULAS["calibration"]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specviz.engine.metrics import calibration
+from specviz.engine.round import Round
+from specviz.viz.charts import FONT, _axis
+from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
+from specviz.viz.text import label
+from specviz.viz.text import plot_escape as escape
+
+CUT_COLOR = "#e4e4e4"
+CONFIDENCE_COLOR, SURVIVAL_COLOR, COST_COLOR, VALUE_COLOR = "#332288", "#AA4499", "#999999", "#117733"
+
+
+def is_chain(round_: Round) -> bool:
+    return all(parent == node - 1 for node, parent in enumerate(round_.parents))
+
+
+def block_positions(round_: Round) -> list[dict]:
+    """The round's chain, verified drafts then cut ones: ``{"depth", "token", "text", "q", "c", "s", "outcome"}``.
+
+    ``c`` is the confidence head's ĉ where the drafter recorded it (``meta["confidence_head"]``), else the ratio
+    of consecutive survivals; ``outcome`` is an ``Outcome`` value, or ``"cut"`` for a draft never verified.
+    """
+    survival = list(round_.confidence or [])
+    outcomes = node_outcomes(round_)
+    rows = [{"depth": i + 1, "token": token, "text": round_.text[i] if i < len(round_.text) else str(token),
+             "q": None if round_.q_draft is None else round_.q_draft[i],
+             "s": survival[i] if i < len(survival) else None, "outcome": outcomes[i].value}
+            for i, token in enumerate(round_.tokens)]
+    pruned = [node for node in (round_.meta.get("pruned") or []) if isinstance(node, dict)]
+    for node in sorted(pruned, key=lambda n: n.get("depth", 0)):
+        rows.append({"depth": int(node.get("depth", len(rows) + 1)), "token": node.get("token"),
+                     "text": str(node.get("text", f"#{node.get('token')}")), "q": node.get("q"),
+                     "s": node.get("confidence"), "outcome": "cut"})
+    heads = round_.meta.get("confidence_head")
+    for i, row in enumerate(rows):
+        if isinstance(heads, list) and i < len(heads):
+            row["c"] = heads[i]
+        else:
+            above = 1.0 if i == 0 else rows[i - 1]["s"]
+            row["c"] = row["s"] / above if row["s"] is not None and above else None
+    return rows
+
+
+def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
+    """The two panels as a plain plotly dict: round ``index``'s block (default: the last) and the run's calibration."""
+    data: list[dict] = []
+    notes: list[tuple[str, float, float, str]] = []  # text, x, y, xref
+    shapes: list[dict] = []
+    round_ = rounds[index if index is not None else -1] if rounds else None
+    block_title = "Block of the round: q, confidence ĉ and survival s"
+    if round_ is None or round_.confidence is None:
+        notes.append(("this drafter sets no confidence" if round_ is not None else "no round yet", 0.25, 0.5, "paper"))
+    elif not is_chain(round_):
+        notes.append(("a tree round: its nodes' confidence is in the tree's hover text", 0.25, 0.5, "paper"))
+    else:
+        block_title = f"Round {round_.index}: q, confidence ĉ and survival s per position"
+        data += _block_traces(block_positions(round_))
+        schedule = round_.meta.get("schedule")
+        if isinstance(schedule, dict) and isinstance(schedule.get("length"), int):
+            data += _schedule_traces(schedule)
+            cut = schedule["length"] + 0.5
+            shapes.append(dict(type="line", xref="x", yref="paper", x0=cut, x1=cut, y0=0, y1=1,
+                               line=dict(color="#333333", dash="dash", width=1)))
+            notes.append((f"verify ℓ = {schedule['length']}", cut, 1.04, "x"))
+    result = calibration(rounds)
+    data += _calibration_traces(result)
+    calibration_title = (f"Calibration over the run: ECE {result.ece:.3f} ({result.samples} judged drafts)"
+                         if result.samples else "Calibration over the run: no judged drafts with a confidence yet")
+    annotations = [dict(text=t, x=x, y=y, xref=xref, yref="paper", showarrow=False, xanchor="center",
+                        font=dict(size=11, color="#555555")) for t, x, y, xref in notes]
+    annotations += [dict(text=t, x=x, y=1.1, xref="paper", yref="paper", showarrow=False, xanchor="left",
+                         font=dict(size=12, color="#333333"))
+                    for t, x in ((block_title, 0), (calibration_title, 0.62))]
+    layout = dict(
+        height=330, margin=dict(l=50, r=50, t=50, b=40), font=FONT, plot_bgcolor="#ffffff",
+        paper_bgcolor="#ffffff", barmode="overlay",
+        legend=dict(orientation="h", x=0, y=-0.2, font=dict(size=10)),
+        xaxis=_axis([0, 0.5], "y", "draft position k", dtick=1),
+        yaxis=_axis([0, 1], "x", "probability", range=[0, 1.05]),
+        yaxis2=dict(overlaying="y", side="right", anchor="x", rangemode="tozero", showgrid=False, zeroline=False,
+                    title=dict(text="relative", font=dict(size=11))),
+        xaxis3=_axis([0.62, 1], "y3", "predicted confidence", range=[0, 1]),
+        yaxis3=_axis([0, 1], "x3", "realised acceptance", range=[0, 1.05]),
+        shapes=shapes, annotations=annotations,
+    )
+    return dict(data=data, layout=layout)
+
+
+def _block_traces(rows: list[dict]) -> list[dict]:
+    depth = [row["depth"] for row in rows]
+    colors = [CUT_COLOR if row["outcome"] == "cut" else OUTCOME_COLORS[Outcome(row["outcome"])] for row in rows]
+    names = ["cut before verification" if row["outcome"] == "cut" else OUTCOME_LABELS[Outcome(row["outcome"])]
+             for row in rows]
+    texts = [row["text"] for row in rows]
+    hover = [f"position {row['depth']} · {escape(repr(text))} · {name}" for row, text, name in zip(rows, texts, names)]
+    return [
+        dict(type="bar", x=depth, y=[row["q"] for row in rows], name="draft probability q", xaxis="x", yaxis="y",
+             marker=dict(color=colors, line=dict(color="#777777", width=[1 if c == CUT_COLOR else 0 for c in colors])),
+             text=[escape(label(t, 8)) for t in texts], textposition="inside", insidetextanchor="start",
+             hovertext=hover, hovertemplate="%{hovertext}<br>q = %{y:.3f}<extra></extra>"),
+        dict(type="scatter", x=depth, y=[row["c"] for row in rows], mode="lines+markers", name="confidence ĉ_k",
+             line=dict(color=CONFIDENCE_COLOR), xaxis="x", yaxis="y",
+             hovertemplate="position %{x}: ĉ = %{y:.3f}<extra></extra>"),
+        dict(type="scatter", x=depth, y=[row["s"] for row in rows], mode="lines+markers", name="survival s_k",
+             line=dict(color=SURVIVAL_COLOR, dash="dot"), xaxis="x", yaxis="y",
+             hovertemplate="position %{x}: s = %{y:.3f}<extra></extra>"),
+    ]
+
+
+def _schedule_traces(schedule: dict) -> list[dict]:
+    values = [v for v in schedule.get("values") or [] if isinstance(v, (int, float))]
+    costs = [c for c in schedule.get("cost_ms") or [] if isinstance(c, (int, float))]
+    traces = []
+    if costs and costs[0] > 0:
+        lengths = list(range(1, len(costs) + 1))
+        traces.append(dict(type="scatter", x=lengths, y=[c / costs[0] for c in costs], mode="lines+markers",
+                           name="verify cost(1 + ℓ) ÷ cost(2) (right axis)", xaxis="x", yaxis="y2",
+                           line=dict(color=COST_COLOR, dash="dash"), customdata=costs,
+                           hovertemplate="ℓ = %{x}: %{customdata:.1f} ms<extra>cost</extra>"))
+    if values and max(values) > 0:
+        best = max(values)
+        traces.append(dict(type="scatter", x=list(range(1, len(values) + 1)), y=[v / best for v in values],
+                           mode="lines+markers", name="(1 + Σ s) ÷ cost, ÷ best (right axis)", xaxis="x", yaxis="y2",
+                           line=dict(color=VALUE_COLOR, dash="dashdot"), customdata=values,
+                           hovertemplate="ℓ = %{x}: %{customdata:.4f} tokens/ms<extra>schedule</extra>"))
+    return traces
+
+
+def _calibration_traces(result) -> list[dict]:
+    diagonal = dict(type="scatter", x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration", xaxis="x3",
+                    yaxis="y3", line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip", showlegend=False)
+    if not result.bins:
+        return [diagonal]
+    largest = max(b.count for b in result.bins)
+    return [diagonal, dict(
+        type="scatter", x=[b.predicted for b in result.bins], y=[b.realised for b in result.bins],
+        mode="markers+lines", name="realised per bin", xaxis="x3", yaxis="y3", line=dict(color=CONFIDENCE_COLOR),
+        marker=dict(size=[6 + 14 * (b.count / largest) ** 0.5 for b in result.bins], color=CONFIDENCE_COLOR),
+        customdata=[[b.low, b.high, b.count] for b in result.bins],
+        hovertemplate="predicted %{customdata[0]:.1f}–%{customdata[1]:.1f} (mean %{x:.2f}): "
+                      "%{y:.2f} accepted of %{customdata[2]}<extra></extra>")]

@@ -1,0 +1,89 @@
+"""The drafter's confidence: calibration over a run (the metric) and the block / reliability panel (the view)."""
+
+import dataclasses
+import json
+
+import pytest
+from test_viz import make_round
+
+from specviz.engine.metrics import FORMULAS, calibration, confidence_samples
+from specviz.viz.confidence import block_positions, confidence_spec
+
+
+def rounded(samples):
+    return [(round(c, 9), hit) for c, hit in samples]
+
+
+def with_confidence(round_, confidence, **meta):
+    return dataclasses.replace(round_, confidence=confidence, meta=meta)
+
+
+def test_samples_are_the_judged_nodes_with_their_own_conditional_confidence():
+    """Chain of 3, two accepted: nodes 0, 1 accepted, node 2 rejected; c = s_k / s_{k-1}."""
+    chain = with_confidence(make_round([-1, 0, 1], [0, 1]), [0.8, 0.4, 0.1])
+    assert rounded(confidence_samples(chain)) == [(0.8, True), (0.5, True), (0.25, False)]
+    early = with_confidence(make_round([-1, 0, 1], []), [0.8, 0.4, 0.1])  # below a rejection: never judged
+    assert confidence_samples(early) == [(0.8, False)]
+    tree = with_confidence(make_round([-1, -1, 0], [0]), [0.6, 0.3, 0.3])
+    assert rounded(confidence_samples(tree)) == [(0.6, True), (0.3, False), (0.5, False)]
+    assert confidence_samples(make_round([-1], [0])) == []  # no confidence, no sample
+
+
+def test_rejection_sampling_counts_only_the_siblings_it_tested():
+    draws = [{"parent": -1, "node": 0, "accepted": True, "u": 0.1, "ratio": 1.0}]
+    round_ = with_confidence(make_round([-1, -1], [0], rule="rejection-sampling", draws=draws), [0.7, 0.2])
+    assert rounded(confidence_samples(round_)) == [(0.7, True)]  # node 1 was never tested
+
+
+def test_calibration_bins_and_ece_by_hand():
+    rounds = [with_confidence(make_round([-1], [0]), [0.95]), with_confidence(make_round([-1], []), [0.92]),
+              with_confidence(make_round([-1], [0]), [0.15]), make_round([-1], [0])]
+    result = calibration(rounds)
+    assert result.samples == 3 and [(b.low, b.count) for b in result.bins] == [(0.1, 1), (0.9, 2)]
+    assert result.bins[1].predicted == pytest.approx(0.935) and result.bins[1].realised == 0.5
+    assert result.ece == pytest.approx((1 * abs(1 - 0.15) + 2 * abs(0.5 - 0.935)) / 3)
+    assert calibration([]).samples == 0 and calibration([]).ece == 0.0
+    assert "ECE" in FORMULAS["calibration"]
+
+
+def dspark_round():
+    """A DSpark-style round: 2 verified drafts (first accepted), 2 cut by the schedule, the head's ĉ recorded."""
+    round_ = make_round([-1, 0], [0], q=[0.9, 0.5], texts=["<b>", "cat"])
+    pruned = [{"token": 50, "depth": 3, "q": 0.3, "confidence": 0.2, "parent": 1, "pruned_parent": None,
+               "text": "&amp"},
+              {"token": 51, "depth": 4, "q": 0.2, "confidence": 0.05, "parent": None, "pruned_parent": 0}]
+    schedule = {"length": 2, "values": [0.03, 0.035, 0.034], "cost_ms": [50.0, 55.0, 62.0], "curve": "measured"}
+    return with_confidence(round_, [0.8, 0.5], pruned=pruned, schedule=schedule,
+                           confidence_head=[0.8, 0.625, 0.4, 0.25])
+
+
+def test_block_positions_run_through_the_cut_drafts():
+    rows = block_positions(dspark_round())
+    assert [r["depth"] for r in rows] == [1, 2, 3, 4]
+    assert [r["outcome"] for r in rows] == ["accepted", "rejected", "cut", "cut"]
+    assert [r["c"] for r in rows] == [0.8, 0.625, 0.4, 0.25]  # the head's own ĉ, not survival ratios
+    assert [r["s"] for r in rows] == [0.8, 0.5, 0.2, 0.05] and rows[3]["text"] == "#51"
+    plain = with_confidence(make_round([-1, 0], [0, 1], q=[0.5, 0.5]), [0.5, 0.2])
+    assert [r["c"] for r in block_positions(plain)] == pytest.approx([0.5, 0.4])  # ratios without a head
+
+
+def test_confidence_spec_draws_block_cut_cost_and_calibration():
+    rounds = [dspark_round(), dataclasses.replace(dspark_round(), index=1)]
+    spec = confidence_spec(rounds, 0)
+    names = [trace.get("name") for trace in spec["data"]]
+    assert "confidence ĉ_k" in names and "survival s_k" in names and "realised per bin" in names
+    assert any("cost" in (name or "") for name in names) and any("Σ s" in (name or "") for name in names)
+    assert spec["layout"]["shapes"][0]["x0"] == 2.5  # the cut after ℓ = 2
+    texts = [a["text"] for a in spec["layout"]["annotations"]]
+    assert "verify ℓ = 2" in texts and any(t.startswith("Calibration over the run: ECE") for t in texts)
+    dumped = json.dumps(spec)
+    assert "<b>" not in dumped.replace("<br>", "") and "&lt;b&gt;" in dumped  # token text escaped for plotly
+
+
+def test_confidence_spec_without_confidence_or_on_trees_says_so():
+    texts = lambda spec: [a["text"] for a in spec["layout"]["annotations"]]  # noqa: E731
+    assert "this drafter sets no confidence" in texts(confidence_spec([make_round([-1], [0])]))
+    assert "no round yet" in texts(confidence_spec([]))
+    tree = with_confidence(make_round([-1, -1], [0]), [0.6, 0.3])
+    assert any(t.startswith("a tree round") for t in texts(confidence_spec([tree])))
+    assert "ECE" in " ".join(texts(confidence_spec([tree])))  # the tree still feeds the calibration
