@@ -79,6 +79,35 @@ def test_extra_prompts_extend_training_without_moving_the_held_out_split():
     assert not {p.text for p in held} & {p.text for p in more[40:]}
 
 
+def test_more_prompts_later_answer_and_extract_only_their_own_shards(tiny_target, tmp_path, monkeypatch):
+    """Answers and their hidden states are cached per shard: a longer prompt list reuses every shard it shares with
+    an earlier one, and gives the same features for them (fresh ones as stored, so a rerun sees the same numbers)."""
+    from specviz.training import data
+
+    monkeypatch.setattr(data, "SHARD_PROMPTS", 2)
+    calls = {"answer": 0, "hidden": 0}
+    real_distill, real_hidden = data.self_distill, data.hidden_states_over
+
+    def counting(kind, function):
+        def wrapped(*args, **kwargs):
+            calls[kind] += 1
+            return function(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(data, "self_distill", counting("answer", real_distill))
+    monkeypatch.setattr(data, "hidden_states_over", counting("hidden", real_hidden))
+    prompts = build_prompts([Document("s", story(i, 600)) for i in range(3)], 5, seed=1)
+    plan = data.DataPlan(sources=[], gen_tokens=4, gen_batch=4, layers=(1,), extra_layers=(2,))
+    first = data.answers(tiny_target, prompts[:4], plan, tmp_path, "answers", log=lambda _: None)
+    assert calls == {"answer": 2, "hidden": 2} and set(first.hidden) == {1}
+    more = data.answers(tiny_target, prompts, plan, tmp_path, "answers", log=lambda _: None)
+    assert calls == {"answer": 3, "hidden": 3}  # only the new shard (the fifth prompt)
+    same = more.subset(list(range(4)))
+    assert torch.equal(same.input_ids, first.input_ids) and torch.equal(same.hidden[1], first.hidden[1])
+    again = data.answers(tiny_target, prompts, plan, tmp_path, "answers", log=lambda _: None)
+    assert calls == {"answer": 3, "hidden": 3} and torch.equal(again.hidden[1], more.hidden[1])
+
+
 def test_chain_tau_counts_the_bonus_token():
     assert chain_tau([False] * 6, k=4) == 1.0
     assert chain_tau([True] * 10, k=4) == 5.0

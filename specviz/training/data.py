@@ -70,38 +70,50 @@ def split_prompts(prompts: list[Prompt], eval_count: int, seed: int) -> tuple[li
 
 def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str, log=print, *,
             temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> FeatureSet:
-    """The target's answers to ``prompts`` with top-k (greedy, or sampled at ``temperature``), in cached shards."""
-    shards = []
+    """The target's answers to ``prompts`` with top-k (greedy, or sampled at ``temperature``), in cached shards;
+    with ``plan.layers``, the target's hidden states over each answered sequence, cached per shard too (so more
+    prompts later cost only their own shards)."""
     # options at their defaults stay out of the key, so caches built before they existed remain valid
     defaults = (temperature, max_prompt_tokens) == (0.0, MAX_PROMPT_TOKENS)
     extra = [] if defaults else [temperature, seed, max_prompt_tokens]
+    name = f"{tag}-hidden"
+    if plan.layers:  # a cache written in one piece for exactly these prompts (before shards had their own)
+        whole = ("answer-hidden", target.source, [p.text for p in prompts], plan.gen_tokens, *extra)
+        if (found := cached_hidden(cache, name, whole, plan)) is not None:
+            return found
+    shards = []
     for start in range(0, len(prompts), SHARD_PROMPTS):
         chunk = prompts[start:start + SHARD_PROMPTS]
-        key = cache_key("answers", target.source, plan.gen_tokens, plan.topk, [p.text for p in chunk], *extra)
+        texts = [p.text for p in chunk]
+        hidden_parts = ("answer-hidden", target.source, texts, plan.gen_tokens, *extra)
+        if plan.layers and (found := cached_hidden(cache, name, hidden_parts, plan)) is not None:
+            shards.append(found)
+            continue
+        key = cache_key("answers", target.source, plan.gen_tokens, plan.topk, texts, *extra)
         path = cache / "features" / f"{tag}-{key}.safetensors"
         if path.is_file():
-            shards.append(FeatureSet.load(path))
-            continue
-        log(f"{tag}: answering prompts {start}..{start + len(chunk)} of {len(prompts)}")
-        shard = self_distill(target.model, target.tokenizer, [p.text for p in chunk],
-                             categories=[p.category for p in chunk], max_new_tokens=plan.gen_tokens,
-                             batch_size=plan.gen_batch, topk=plan.topk, max_prompt_tokens=max_prompt_tokens,
-                             temperature=temperature, seed=seed + start)
-        shard.save(path, {"kind": "answers", "target": target.source})
+            shard = FeatureSet.load(path)
+        else:
+            log(f"{tag}: answering prompts {start}..{start + len(chunk)} of {len(prompts)}")
+            shard = self_distill(target.model, target.tokenizer, texts, categories=[p.category for p in chunk],
+                                 max_new_tokens=plan.gen_tokens, batch_size=plan.gen_batch, topk=plan.topk,
+                                 max_prompt_tokens=max_prompt_tokens, temperature=temperature, seed=seed + start)
+            shard.save(path, {"kind": "answers", "target": target.source})
+        if plan.layers:  # hidden-state trainers need a forward pass over the full sequences
+            log(f"{tag}: target features over the answers to prompts {start}..{start + len(chunk)}")
+            save_hidden(hidden_states_over(target, shard, plan), cache, name, hidden_parts, plan,
+                        {"kind": "answers+hidden", "target": target.source})
+            shard = cached_hidden(cache, name, hidden_parts, plan)  # as stored: a rerun trains on the same numbers
         shards.append(shard)
-    result = FeatureSet.concat(shards)
-    if plan.layers:  # hidden-state trainers need a forward pass over the full sequences
-        parts = ("answer-hidden", target.source, [p.text for p in prompts], plan.gen_tokens, *extra)
-        name = f"{tag}-hidden"
-        if (found := cached_hidden(cache, name, parts, plan)) is not None:
-            return found
-        seqs = [result.input_ids[result.sequence(i)].tolist() for i in range(result.num_sequences)]
-        masks = [result.loss_mask[result.sequence(i)].tolist() for i in range(result.num_sequences)]
-        result = extract_features(target.model, seqs, topk=plan.topk, layers=plan.cached_layers, loss_masks=masks,
-                                  categories=result.categories)
-        save_hidden(result, cache, name, parts, plan, {"kind": "answers+hidden", "target": target.source})
-        return result.with_layers(plan.layers)
-    return result
+    return FeatureSet.concat(shards)
+
+
+def hidden_states_over(target, answered: FeatureSet, plan: DataPlan) -> FeatureSet:
+    """``answered``'s sequences again through the target, keeping the hidden states of ``plan.cached_layers``."""
+    seqs = [answered.input_ids[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
+    masks = [answered.loss_mask[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
+    return extract_features(target.model, seqs, topk=plan.topk, layers=plan.cached_layers, loss_masks=masks,
+                            categories=answered.categories)
 
 
 def corpus_windows(target, documents: list[Document], plan: DataPlan) -> tuple[list[list[int]], list[str]]:
@@ -136,7 +148,7 @@ def corpus_features(target, documents: list[Document], plan: DataPlan, cache: Pa
     log(f"corpus: target features for {sum(map(len, windows))} tokens in {len(windows)} windows")
     result = extract_features(target.model, windows, topk=plan.topk, layers=plan.cached_layers, categories=kinds)
     save_hidden(result, cache, "corpus", parts, plan, {"kind": "corpus", "target": target.source})
-    return result.with_layers(plan.layers)
+    return cached_hidden(cache, "corpus", parts, plan)  # as stored: a rerun trains on the same numbers
 
 
 #: where the layers sit in each kind's cache key (as before extra layers existed, so older caches keep their names)
