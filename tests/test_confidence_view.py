@@ -78,6 +78,7 @@ def test_confidence_spec_draws_block_cut_cost_and_calibration():
     assert "verify ℓ = 2" in texts and any(t.startswith("Calibration over the run: ECE") for t in texts)
     dumped = json.dumps(spec)
     assert "<b>" not in dumped.replace("<br>", "") and "&lt;b&gt;" in dumped  # token text escaped for plotly
+    assert "&amp;lt;" not in dumped  # and only once
 
 
 def test_confidence_spec_without_confidence_or_on_trees_says_so():
@@ -87,3 +88,29 @@ def test_confidence_spec_without_confidence_or_on_trees_says_so():
     tree = with_confidence(make_round([-1, -1], [0]), [0.6, 0.3])
     assert any(t.startswith("a tree round") for t in texts(confidence_spec([tree])))
     assert "ECE" in " ".join(texts(confidence_spec([tree])))  # the tree still feeds the calibration
+
+
+def test_other_drafters_pruned_nodes_are_not_a_cut_tail():
+    """A dynamic tree that came out as a chain reports pruned siblings, not drafts cut after the chain."""
+    pruned = [{"token": 60, "depth": 1, "q": 0.1, "confidence": 0.1, "parent": None, "pruned_parent": None}]
+    round_ = with_confidence(make_round([-1, 0], [0], q=[0.9, 0.5]), [0.9, 0.45], pruned=pruned)
+    assert [r["outcome"] for r in block_positions(round_)] == ["accepted", "rejected"]
+
+
+def test_a_hand_edited_trace_draws_less_and_never_fails():
+    """Odd values in an uploaded trace: the panel and the calibration skip what they cannot read."""
+    odd = [
+        with_confidence(make_round([-1, 0], [0]), [0.5, None]),
+        with_confidence(make_round([-1, 0], [0]), ["high", 0.2]),
+        dataclasses.replace(make_round([-1, 0], [0], q=[0.9]), confidence=[0.5, 0.2],
+                            meta={"schedule": {"length": "two", "values": ["x"]}, "confidence_head": [None, "y"],
+                                  "pruned": [{"depth": "x"}, {"depth": None}, 7, {"depth": 3, "q": "?"}]}),
+        dataclasses.replace(make_round([-1, 0], [0]), confidence=[0.5, 0.2], meta=["not", "a", "dict"]),
+        with_confidence(make_round([-1, 0], [0]), [float("nan"), 0.2]),
+    ]
+    assert calibration(odd[:2]).samples == 0 and calibration(odd[-1:]).samples == 0
+    for index in range(len(odd)):
+        json.dumps(confidence_spec(odd, index))
+    rows = block_positions(odd[2])
+    assert [r["outcome"] for r in rows] == ["accepted", "rejected", "cut"] and rows[1]["q"] is None
+    assert rows[2]["q"] is None and rows[0]["c"] == 0.5  # unreadable head values fall back to survival ratios

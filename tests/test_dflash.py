@@ -445,6 +445,38 @@ def test_dspark_sampled_scheduled_chain_keeps_the_target_distribution(sampling_t
     assert chi_square_p(counts, exact) > PASS_P
 
 
+def test_dspark_sampled_early_stop_is_the_whole_block_truncated(sampling_target):
+    """Under sampling, stopping the drafting where the schedule's scan stops proposes exactly what drafting the
+    whole block and then cutting it would (same generator state: the same draws, in the same order, as far as they
+    go) and chooses the same length, so the chi-square tests above cover it."""
+    target, _ = sampling_target
+    pairs = []
+
+    class Both(DSparkDrafter):
+        def propose(self, context, budget, sampling, generator):
+            twin = torch.Generator().set_state(generator.get_state())
+            self.schedule = False
+            whole = super().propose(context, budget, sampling, twin)
+            self.schedule = True
+            pairs.append((whole, super().propose(context, budget, sampling, generator)))
+            return pairs[-1][1]
+
+    drafter = sampling_dspark(target)
+    both = Both(drafter.model, V, cost_curve=CostCurve.from_points({1: 1.0, 2: 1.0, 3: 1.3, 4: 2.0}))
+    for seed in range(6):
+        config = GenerationConfig(max_new_tokens=10, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)
+        Generation(target, SAMPLING_PROMPT, config, both, DraftBudget(k=4)).run()
+    short = 0
+    for whole, chain in pairs:
+        drafted = chain.meta["block"]["tokens"]
+        assert drafted == whole.meta["block"]["tokens"][: len(drafted)]
+        cap = len(whole.meta["block"]["tokens"])
+        expected = cost_curve.best_prefix(whole.meta["survival"], both.cost_curve, cap)
+        assert chain.meta["verify_length"] == expected.length
+        short += len(drafted) < cap
+    assert short  # some rounds stopped drafting before the cap
+
+
 def test_dspark_without_a_confidence_head_cuts_only_on_earlier_drafts(sampling_target):
     """Without a confidence head the survival uses the mode probability of each draft's row, which depends on the
     drafts before it only: the cut still varies with the first draft, and the output keeps the target's law."""

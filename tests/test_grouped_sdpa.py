@@ -7,6 +7,7 @@ chains and trees on top of a cache), and hand everything else to transformers' o
 import pytest
 import tiny
 import torch
+from transformers.integrations import sdpa_attention
 
 from specviz.engine import cache as kv
 from specviz.engine.attention import attention_implementation
@@ -15,6 +16,10 @@ from specviz.engine.verify import forward_tree, masked_forward, prefill
 from specviz.models import fast_forward, grouped_sdpa
 
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17, 8, 30]
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("transformers' repeat_kv ran: the forward did not take the grouped path")
 
 
 def _logits(net, attention: str, step) -> torch.Tensor:
@@ -38,7 +43,10 @@ def test_grouped_sdpa_is_bit_identical_to_transformers_sdpa(arch, shape):
     def verify(model, cache):
         return forward_tree(model, cache, draft, PROMPT[-1], len(PROMPT) - 1)
 
-    reference, grouped = (_logits(net, name, verify) for name in ("sdpa", grouped_sdpa.NAME))
+    reference = _logits(net, "sdpa", verify)
+    with pytest.MonkeyPatch.context() as patch:  # the grouped path itself ran: transformers' head copy never did
+        patch.setattr(sdpa_attention, "repeat_kv", _refuse)
+        grouped = _logits(net, grouped_sdpa.NAME, verify)
     assert torch.equal(reference, grouped), (reference - grouped).abs().max()
 
 
@@ -62,6 +70,7 @@ def test_one_token_and_prefill_match_transformers_sdpa():
 
 @pytest.mark.skipif(tiny.DEVICE != "cpu", reason="the fast forward runs on the CPU only")
 def test_fast_copy_switches_sdpa_models_only():
+    assert grouped_sdpa.supported()  # the pinned CPU wheel (torch 2.13) has the grouped fused kernel
     net = tiny.model("llama", 64, layers=1, attention="sdpa")
     assert fast_forward.fast_copy(net).config._attn_implementation == grouped_sdpa.NAME
     assert net.config._attn_implementation == "sdpa"  # the loaded model keeps transformers' own attention

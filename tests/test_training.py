@@ -106,6 +106,12 @@ def test_more_prompts_later_answer_and_extract_only_their_own_shards(tiny_target
     assert torch.equal(same.input_ids, first.input_ids) and torch.equal(same.hidden[1], first.hidden[1])
     again = data.answers(tiny_target, prompts, plan, tmp_path, "answers", log=lambda _: None)
     assert calls == {"answer": 3, "hidden": 3} and torch.equal(again.hidden[1], more.hidden[1])
+    # a cache written in one piece for a whole prompt list (as before shards had their own) is still read
+    whole = ("answer-hidden", tiny_target.source, [p.text for p in prompts], plan.gen_tokens)
+    reordered = more.subset([4, 3, 2, 1, 0])  # not what the shards hold: the file itself must be what is read
+    data.save_hidden(reordered, tmp_path, "old-hidden", whole, plan, {"kind": "answers+hidden"})
+    old = data.answers(tiny_target, prompts, plan, tmp_path, "old", log=lambda _: None)
+    assert calls == {"answer": 3, "hidden": 3} and old.input_ids.tolist() == reordered.input_ids.tolist()
 
 
 def test_chain_tau_counts_the_bonus_token():

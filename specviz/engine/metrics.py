@@ -5,6 +5,7 @@ A *round* is one target verify forward. Counting the bonus/correction token, pla
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -175,13 +176,14 @@ def confidence_samples(round_: Round) -> list[tuple[float, bool]]:
     chance given its parent was accepted is the ratio of the two. Rounds without confidence give nothing.
     """
     confidence = round_.confidence
-    if confidence is None or len(confidence) != len(round_.tokens):
-        return []
+    if (not isinstance(confidence, list) or len(confidence) != len(round_.tokens)
+            or not all(isinstance(c, (int, float)) and math.isfinite(c) for c in confidence)):
+        return []  # no confidence, or not one number per node (a hand-edited trace)
     reached = {-1, *round_.accepted}
     accepted = set(round_.accepted)
     # rejection sampling stops testing a node's children at the first accepted one: the rest were never judged
-    tested = ({d.get("node") for d in round_.draws} if round_.rule == "rejection-sampling" and round_.draws
-              else None)
+    tested = ({d.get("node") for d in round_.draws if isinstance(d, dict)}
+              if round_.rule == "rejection-sampling" and round_.draws else None)
     samples = []
     for node, parent in enumerate(round_.parents):
         if parent not in reached or (tested is not None and node not in tested):

@@ -56,7 +56,7 @@ def fast_copy(model: nn.Module) -> nn.Module:
             module.forward = packed_linear(module.weight, module.bias)
         elif type(module).__name__ in PLAIN_RMS_NORMS and module.weight.dtype == torch.float32:
             module.forward = fused_rms_norm(module.weight, module.variance_epsilon)
-    if getattr(fast.config, "_attn_implementation", None) == "sdpa":
+    if getattr(fast.config, "_attn_implementation", None) == "sdpa" and grouped_sdpa.supported():
         grouped_sdpa.register()
         fast.set_attn_implementation(grouped_sdpa.NAME)
     setattr(fast, _MARK, True)

@@ -4,8 +4,11 @@ For a masked forward of more than one token (every verify of a chain or a tree o
 ``sdpa_attention_forward`` on the CPU expands each key/value head to its query heads with ``repeat_kv``: a copy of
 the layer's whole cache, every layer, every forward, which grows with the context and made a 2-token verify cost
 far more than a 1-token one. torch's SDPA takes grouped heads itself (``enable_gqa=True``, the same arithmetic,
-bit for bit: tested), so this backend passes them through. Anything else (the prefill's causal flag, dropout, soft
-caps, sinks, position biases, ungrouped heads) goes to transformers' own function unchanged.
+bit for bit: tested), so this backend passes them through. One-token forwards go the same way; transformers folds
+the grouped heads into query rows there instead, which sums in another order (float tolerance, tested). Anything
+else (the prefill's causal flag, dropout, soft caps, sinks, position biases, ungrouped heads) goes to
+transformers' own function unchanged. torch's fused CPU kernel takes grouped heads from torch 2.9 (older ones fall
+back to plain maths), so ``fast_forward`` switches to this backend only there (``supported``).
 
 Registered with transformers' ``AttentionInterface`` as ``specviz_grouped_sdpa`` (masks built as for ``sdpa``); the
 fast target path (``specviz.models.fast_forward``) switches its copy of the model to it.
@@ -18,8 +21,17 @@ import torch
 from specviz.models.device import GROUPED_SDPA
 
 NAME = GROUPED_SDPA
+#: The first torch whose fused CPU attention kernel takes grouped-query heads as they are.
+MIN_TORCH = "2.9"
 #: Keyword arguments that change the maths; when one is set, transformers' own function runs.
 _SPECIAL = ("softcap", "position_bias", "sinks", "s_aux")
+
+
+def supported() -> bool:
+    """Whether this torch runs grouped heads through its fused kernel (else the backend would be slower)."""
+    from transformers.utils.import_utils import is_torch_greater_or_equal
+
+    return is_torch_greater_or_equal(MIN_TORCH, accept_dev=True)
 
 
 def register() -> None:

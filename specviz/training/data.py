@@ -72,7 +72,7 @@ def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str
             temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> FeatureSet:
     """The target's answers to ``prompts`` with top-k (greedy, or sampled at ``temperature``), in cached shards;
     with ``plan.layers``, the target's hidden states over each answered sequence, cached per shard too (so more
-    prompts later cost only their own shards)."""
+    prompts later cost only their own shards, plus the last shard again when it was not full)."""
     # options at their defaults stay out of the key, so caches built before they existed remain valid
     defaults = (temperature, max_prompt_tokens) == (0.0, MAX_PROMPT_TOKENS)
     extra = [] if defaults else [temperature, seed, max_prompt_tokens]
@@ -163,9 +163,10 @@ def feature_path(cache: Path, name: str, parts: tuple, layers: tuple[int, ...]) 
 
 def cached_hidden(cache: Path, name: str, parts: tuple, plan: DataPlan) -> FeatureSet | None:
     """A cached feature file for ``parts`` holding at least ``plan.layers`` (its own or a superset's), or None."""
-    exact = feature_path(cache, name, parts, plan.layers)
-    if exact.is_file():
-        return FeatureSet.load(exact)
+    for layers in (plan.layers, plan.cached_layers):  # the usual files first: a scan reads every header
+        exact = feature_path(cache, name, parts, layers)
+        if exact.is_file():
+            return FeatureSet.load(exact, layers=plan.layers)
     base = cache_key(*parts)
     for path in sorted((cache / "features").glob(f"{name}-*.safetensors")):
         meta = FeatureSet.read_meta(path)

@@ -4,8 +4,9 @@ Left: the round's chain drafts position by position (the verified ones and, for 
 before verification, from ``Round.meta["pruned"]``): each position's draft probability q as a bar coloured by what
 the target did, the drafter's own confidence ĉ_k in the token given the ones before it, and the prefix survival
 s_k = ĉ_1 ⋯ ĉ_k. A scheduled round (``meta["schedule"]``) adds the cut ℓ and, on the right axis, the two curves the
-choice weighed: the verify cost cost(1 + ℓ) ÷ cost(1) and the expected tokens per millisecond (1 + Σ s) ÷ cost(1 + ℓ),
-relative to its best.
+choice weighed: the verify cost cost(1 + ℓ) relative to ℓ = 1 and the expected tokens per millisecond
+(1 + Σ s) ÷ cost(1 + ℓ) relative to its best. Rounds come from live runs and from uploaded traces alike, so every
+field is read defensively: a hand-edited trace with odd values draws less, never fails.
 
 Right: every judged draft of the run so far, predicted confidence against realised acceptance in ten bins, with
 the expected calibration error (``specviz.engine.metrics.calibration``; the formula is ``FORMULAS["calibration"]``).
@@ -13,6 +14,7 @@ the expected calibration error (``specviz.engine.metrics.calibration``; the form
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from specviz.engine.metrics import calibration
@@ -30,28 +32,47 @@ def is_chain(round_: Round) -> bool:
     return all(parent == node - 1 for node, parent in enumerate(round_.parents))
 
 
+def _number(value) -> float | None:
+    """``value`` as a float when it is a finite number, else None."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _at(values, index: int) -> float | None:
+    return _number(values[index]) if isinstance(values, list) and index < len(values) else None
+
+
+def _meta(round_: Round) -> dict:
+    return round_.meta if isinstance(round_.meta, dict) else {}
+
+
 def block_positions(round_: Round) -> list[dict]:
     """The round's chain, verified drafts then cut ones: ``{"depth", "token", "text", "q", "c", "s", "outcome"}``.
 
     ``c`` is the confidence head's ĉ where the drafter recorded it (``meta["confidence_head"]``), else the ratio
-    of consecutive survivals; ``outcome`` is an ``Outcome`` value, or ``"cut"`` for a draft never verified.
+    of consecutive survivals; ``outcome`` is an ``Outcome`` value, or ``"cut"`` for a draft never verified (only
+    a confidence-scheduled round's cut tail: other drafters' pruned nodes are siblings, drawn in the tree).
     """
-    survival = list(round_.confidence or [])
+    meta = _meta(round_)
     outcomes = node_outcomes(round_)
     rows = [{"depth": i + 1, "token": token, "text": round_.text[i] if i < len(round_.text) else str(token),
-             "q": None if round_.q_draft is None else round_.q_draft[i],
-             "s": survival[i] if i < len(survival) else None, "outcome": outcomes[i].value}
+             "q": _at(round_.q_draft, i), "s": _at(round_.confidence, i), "outcome": outcomes[i].value}
             for i, token in enumerate(round_.tokens)]
-    pruned = [node for node in (round_.meta.get("pruned") or []) if isinstance(node, dict)]
-    for node in sorted(pruned, key=lambda n: n.get("depth", 0)):
-        rows.append({"depth": int(node.get("depth", len(rows) + 1)), "token": node.get("token"),
-                     "text": str(node.get("text", f"#{node.get('token')}")), "q": node.get("q"),
-                     "s": node.get("confidence"), "outcome": "cut"})
-    heads = round_.meta.get("confidence_head")
+    cut = meta.get("pruned") if isinstance(meta.get("schedule"), dict) and isinstance(meta.get("pruned"), list) else []
+    tail = {}
+    for node in cut:
+        depth = _number(node.get("depth")) if isinstance(node, dict) else None
+        if depth is not None and depth == int(depth) and depth > len(rows):
+            tail[int(depth)] = node
+    for depth in sorted(tail):
+        if depth != len(rows) + 1:
+            break  # a gap: not a tail hanging off the chain
+        node = tail[depth]
+        rows.append({"depth": depth, "token": node.get("token"), "text": str(node.get("text", f"#{node.get('token')}")),
+                     "q": _number(node.get("q")), "s": _number(node.get("confidence")), "outcome": "cut"})
+    heads = meta.get("confidence_head")
     for i, row in enumerate(rows):
-        if isinstance(heads, list) and i < len(heads):
-            row["c"] = heads[i]
-        else:
+        row["c"] = _at(heads, i)
+        if row["c"] is None:
             above = 1.0 if i == 0 else rows[i - 1]["s"]
             row["c"] = row["s"] / above if row["s"] is not None and above else None
     return rows
@@ -71,7 +92,7 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
     else:
         block_title = f"Round {round_.index}: q, confidence ĉ and survival s per position"
         data += _block_traces(block_positions(round_))
-        schedule = round_.meta.get("schedule")
+        schedule = _meta(round_).get("schedule")
         if isinstance(schedule, dict) and isinstance(schedule.get("length"), int):
             data += _schedule_traces(schedule)
             cut = schedule["length"] + 0.5
@@ -112,7 +133,7 @@ def _block_traces(rows: list[dict]) -> list[dict]:
     return [
         dict(type="bar", x=depth, y=[row["q"] for row in rows], name="draft probability q", xaxis="x", yaxis="y",
              marker=dict(color=colors, line=dict(color="#777777", width=[1 if c == CUT_COLOR else 0 for c in colors])),
-             text=[escape(label(t, 8)) for t in texts], textposition="inside", insidetextanchor="start",
+             text=[label(t, 8) for t in texts], textposition="inside", insidetextanchor="start",
              hovertext=hover, hovertemplate="%{hovertext}<br>q = %{y:.3f}<extra></extra>"),
         dict(type="scatter", x=depth, y=[row["c"] for row in rows], mode="lines+markers", name="confidence ĉ_k",
              line=dict(color=CONFIDENCE_COLOR), xaxis="x", yaxis="y",

@@ -212,6 +212,22 @@ def test_live_run_streams_rounds(page):
     page.shot("playground", docs=True)
 
 
+def test_dspark_run_draws_its_block_and_calibration(page):
+    """The shipped DSpark drafter sets a confidence: the panel draws the round's block (q, ĉ, survival, the cut)
+    and the run's reliability diagram with its ECE."""
+    page.fill("drafter", "dspark")
+    page.fill("max-new-tokens", "24")
+    try:
+        page.page.click("#run")
+        page.wait_status("Done")
+        notes = " ".join(page.page.locator("#confidence .annotation-text").all_text_contents())
+        assert "Calibration over the run: ECE" in notes and "verify ℓ =" in notes, notes
+        assert page.points("confidence") >= 3
+    finally:  # the next tests expect the default drafter and length
+        page.fill("drafter", "ngram")
+        page.fill("max-new-tokens", "40")
+
+
 def test_full_plain_run_side_by_side(page):
     page.page.click("#measure-plain")
     page.page.wait_for_function("document.querySelector('#speedup').innerText.includes('full run')",
