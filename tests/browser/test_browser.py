@@ -223,6 +223,10 @@ def test_dspark_run_draws_its_block_and_calibration(page):
         notes = " ".join(page.page.locator("#confidence .annotation-text").all_text_contents())
         assert "Calibration over the run: ECE" in notes and "verify ℓ =" in notes, notes
         assert page.points("confidence") >= 3
+        shot = ARTIFACTS / "confidence.png"
+        page.page.locator("#confidence").screenshot(path=str(shot))
+        if os.environ.get("SPECVIZ_UPDATE_DOCS"):
+            _save_small(shot, DOCS / "confidence.png")
     finally:  # the next tests expect the default drafter and length
         page.fill("drafter", "ngram")
         page.fill("max-new-tokens", "40")
