@@ -18,11 +18,12 @@ from functools import lru_cache
 import torch
 
 from specviz.errors import SpecvizError
+from specviz.models import grouped_sdpa
 
 #: transformers' name for cascade attention (registered by ``specviz.models.cascade_attention.register``).
 CASCADE = "specviz_cascade"
 #: transformers' name for the fast CPU path's SDPA, grouped-query heads passed through (``models.grouped_sdpa``).
-GROUPED_SDPA = "specviz_grouped_sdpa"
+GROUPED_SDPA = grouped_sdpa.NAME
 #: Attention backends that accept the engine's 4D float tree mask.
 TREE_MASK_BACKENDS = frozenset({"sdpa", "eager", CASCADE, GROUPED_SDPA})
 

@@ -11,16 +11,16 @@ transformers' own function unchanged. torch's fused CPU kernel takes grouped hea
 back to plain maths), so ``fast_forward`` switches to this backend only there (``supported``).
 
 Registered with transformers' ``AttentionInterface`` as ``specviz_grouped_sdpa`` (masks built as for ``sdpa``); the
-fast target path (``specviz.models.fast_forward``) switches its copy of the model to it.
+fast target path (``specviz.models.fast_forward``) switches its copy of the model to it. A leaf module: it imports
+nothing of specviz.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specviz.models.device import GROUPED_SDPA
-
-NAME = GROUPED_SDPA
+#: The ``attn_implementation`` name (``specviz.models.device.GROUPED_SDPA`` is this).
+NAME = "specviz_grouped_sdpa"
 #: The first torch whose fused CPU attention kernel takes grouped-query heads as they are.
 MIN_TORCH = "2.9"
 #: Keyword arguments that change the maths; when one is set, transformers' own function runs.

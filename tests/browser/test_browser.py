@@ -219,10 +219,16 @@ def test_dspark_run_draws_its_block_and_calibration(page):
     page.fill("max-new-tokens", "24")
     try:
         page.page.click("#run")
+        page.page.wait_for_function(  # the previous test's run ended "Done" too: wait for this one to start
+            "!document.querySelector('#status .sv-status').innerText.trim().startsWith('Done')", timeout=30_000)
         page.wait_status("Done")
         notes = " ".join(page.page.locator("#confidence .annotation-text").all_text_contents())
         assert "Calibration over the run: ECE" in notes and "verify ℓ =" in notes, notes
         assert page.points("confidence") >= 3
+        page.page.fill("#round-slider input[type=number]", "0")  # the first round drafted a whole block
+        page.page.press("#round-slider input[type=number]", "Tab")
+        page.page.wait_for_function(
+            "document.querySelector('#confidence').textContent.includes('Round 0:')", timeout=30_000)
         shot = ARTIFACTS / "confidence.png"
         page.page.locator("#confidence").screenshot(path=str(shot))
         if os.environ.get("SPECVIZ_UPDATE_DOCS"):
