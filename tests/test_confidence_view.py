@@ -75,7 +75,7 @@ def test_confidence_spec_draws_block_cut_cost_and_calibration():
     assert any("cost" in (name or "") for name in names) and any("Σ s" in (name or "") for name in names)
     assert spec["layout"]["shapes"][0]["x0"] == 2.5  # the cut after ℓ = 2
     texts = [a["text"] for a in spec["layout"]["annotations"]]
-    assert "verify ℓ = 2" in texts and any(t.startswith("Calibration over the run: ECE") for t in texts)
+    assert "verify ℓ = 2" in texts and any(t.startswith("Run calibration: ECE") for t in texts)
     dumped = json.dumps(spec)
     assert "<b>" not in dumped.replace("<br>", "") and "&lt;b&gt;" in dumped  # token text escaped for plotly
     assert "&amp;lt;" not in dumped  # and only once

@@ -101,8 +101,8 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
             notes.append((f"verify ℓ = {schedule['length']}", cut, 1.04, "x"))
     result = calibration(rounds)
     data += _calibration_traces(result)
-    calibration_title = (f"Calibration over the run: ECE {result.ece:.3f} ({result.samples} judged drafts)"
-                         if result.samples else "Calibration over the run: no judged drafts with a confidence yet")
+    calibration_title = (f"Run calibration: ECE {result.ece:.3f}, {result.samples} drafts"
+                         if result.samples else "Run calibration: no drafts with a confidence yet")
     annotations = [dict(text=t, x=x, y=y, xref=xref, yref="paper", showarrow=False, xanchor="center",
                         font=dict(size=11, color="#555555")) for t, x, y, xref in notes]
     annotations += [dict(text=t, x=x, y=1.1, xref="paper", yref="paper", showarrow=False, xanchor="left",

@@ -223,7 +223,7 @@ def test_dspark_run_draws_its_block_and_calibration(page):
             "!document.querySelector('#status .sv-status').innerText.trim().startsWith('Done')", timeout=30_000)
         page.wait_status("Done")
         notes = " ".join(page.page.locator("#confidence .annotation-text").all_text_contents())
-        assert "Calibration over the run: ECE" in notes and "verify ℓ =" in notes, notes
+        assert "Run calibration: ECE" in notes and "verify ℓ =" in notes, notes
         assert page.points("confidence") >= 3
         page.page.fill("#round-slider input[type=number]", "0")  # the first round drafted a whole block
         page.page.press("#round-slider input[type=number]", "Tab")
