@@ -38,7 +38,6 @@ Loaders for our folder and the published layouts: ``specviz.drafters.dflash_layo
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -577,7 +576,7 @@ class DSparkDrafter(BlockDrafter):
         tokens: list[int] = []
         rows = torch.zeros(count, self.vocab_size)
         estimates: list[float] = []
-        previous = anchor
+        survival, previous = 1.0, anchor
         for k in range(count):
             prev = torch.tensor(previous, device=self._device)
             logits = base[k]
@@ -593,7 +592,8 @@ class DSparkDrafter(BlockDrafter):
                 previous = sample(rows[k], generator)
             tokens.append(previous)
             estimates.append(float(head) if head is not None else float(rows[k].max()))
-            if scan is not None and scan.add(math.prod(estimates)):
+            survival *= estimates[-1]
+            if scan is not None and scan.add(survival):
                 break
         return tokens, rows[: len(tokens)], estimates
 

@@ -58,6 +58,11 @@ class Round:
         return self.draft_ms + self.verify_ms + self.other_ms
 
     @property
+    def is_chain(self) -> bool:
+        """One child per node (``DraftTree.is_chain`` of the tree this round verified)."""
+        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+
+    @property
     def depth(self) -> list[int]:
         depths: list[int] = []
         for parent in self.parents:

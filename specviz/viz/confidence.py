@@ -28,10 +28,6 @@ CUT_COLOR = "#e4e4e4"
 CONFIDENCE_COLOR, SURVIVAL_COLOR, COST_COLOR, VALUE_COLOR = "#332288", "#AA4499", "#999999", "#117733"
 
 
-def is_chain(round_: Round) -> bool:
-    return all(parent == node - 1 for node, parent in enumerate(round_.parents))
-
-
 def _number(value) -> float | None:
     """``value`` as a float when it is a finite number, else None."""
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
@@ -87,7 +83,7 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
     block_title = "Block of the round: q, confidence ĉ and survival s"
     if round_ is None or round_.confidence is None:
         notes.append(("this drafter sets no confidence" if round_ is not None else "no round yet", 0.25, 0.5, "paper"))
-    elif not is_chain(round_):
+    elif not round_.is_chain:
         notes.append(("a tree round: its nodes' confidence is in the tree's hover text", 0.25, 0.5, "paper"))
     else:
         block_title = f"Round {round_.index}: q, confidence ĉ and survival s per position"
