@@ -4,6 +4,9 @@ import json
 
 import pytest
 import tiny
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import DynamicCache
 
 from specviz import cli
 from specviz.bench import verify_cost
@@ -22,6 +25,20 @@ VOCAB = 64
 PROMPTS = [("alpha", "w3 w5 w7 w3 w5 w7 w3"), ("alpha", "w1 w2 w3 w1 w2"), ("beta", "w9 w8 w7 w9 w8 w7 w9 w8"),
            ("beta", "w4 w4 w6 w4 w4")]
 
+
+
+def test_flops_per_token_counts_what_the_forward_multiplies():
+    """The compute floor's operation count equals torch's FLOP counter over a real one-token forward (eager
+    attention, whose products the counter sees), with the token attending to its cached context and itself."""
+    net = tiny.model("llama", VOCAB, layers=2)
+    net.set_attn_implementation("eager")
+    cache = DynamicCache(config=net.config)
+    with torch.no_grad():
+        net(torch.tensor([list(range(1, 11))]), past_key_values=cache)
+        with FlopCounterMode(display=False) as counter:
+            net(torch.tensor([[5]]), past_key_values=cache)
+    assert counter.get_total_flops() == verify_cost.flops_per_token(net, keys=11)
+    assert verify_cost.flops_per_token(net, keys=12) > verify_cost.flops_per_token(net, keys=11)
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
@@ -82,8 +99,12 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     assert cost["weight_bytes"] > 0 and cost["bandwidth_gbs"] > 0
     assert cost["floor_ms"] == pytest.approx(cost["weight_bytes"] / cost["bandwidth_gbs"] / 1e6)
     assert data["machine"]["memory_bandwidth_gbs"] == cost["bandwidth_gbs"]
+    assert cost["peak_gflops"] == data["machine"]["matmul_gflops"] > 0
+    per_ms = cost["peak_gflops"] * 1e6  # operations per millisecond
+    assert cost["compute_floor_ms"]["16"] == pytest.approx(16 * cost["flops_per_token"] / per_ms)
+    assert cost["compute_floor_ms"]["16"] == pytest.approx(16 * cost["compute_floor_ms"]["1"])
     assert "## Target forward cost by verify width" in markdown and "fast vs width 1" in markdown
-    assert "floor ms" in markdown
+    assert "memory floor ms" in markdown and "compute floor ms" in markdown and "GFLOP/s" in markdown
     page = (out / "report.html").read_text()
     assert page.count("Plotly.newPlot") == 3 and "speedup vs τ" in page
 

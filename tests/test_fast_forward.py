@@ -50,6 +50,44 @@ def test_fused_rms_norm_is_bit_identical(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_sibling_projections_share_one_product_whatever_the_call_pattern(arch, monkeypatch):
+    """q/k/v (qwen2: with biases) and gate/up run as one stacked product; each output is still its own input's."""
+    products = []
+    packed = fast_forward.packed_linear
+
+    def counted(weight, bias=None):
+        forward = packed(weight, bias)
+        return lambda x: products.append(weight.shape[0]) or forward(x)
+
+    monkeypatch.setattr(fast_forward, "packed_linear", counted)
+    net = tiny.model(arch, 64, layers=1, hidden=48)
+    attention, mlp = net.model.layers[0].self_attn, net.model.layers[0].mlp
+    reference = {name: (m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone())
+                 for name, m in attention.named_children() if isinstance(m, torch.nn.Linear)}
+    assert fast_forward.fuse_siblings(attention, ("q_proj", "k_proj", "v_proj"))
+    assert fast_forward.fuse_siblings(mlp, ("gate_proj", "up_proj"))
+    assert not fast_forward.fuse_siblings(attention, ("q_proj", "missing_proj"))
+    qkv = sum(m.out_features for m in (attention.q_proj, attention.k_proj, attention.v_proj))
+
+    def expect(name, x):
+        weight, bias = reference[name]
+        return torch.nn.functional.linear(x, weight, bias)
+
+    x, y = torch.randn(1, 5, 48), torch.randn(1, 5, 48)
+    with torch.no_grad():
+        # q, k, v on one input: one product; then an order and a mix of inputs no model uses: still right
+        for pattern, count in ((["q", x, "k", x, "v", x], 1), (["v", x, "q", x, "k", y, "k", x, "q", y, "v", y], 4)):
+            products.clear()
+            for name, inputs in zip(pattern[::2], pattern[1::2]):
+                output = getattr(attention, f"{name}_proj")(inputs)
+                torch.testing.assert_close(output, expect(f"{name}_proj", inputs), rtol=1e-5, atol=1e-5)
+            assert products == [qkv] * count
+        gate = mlp.gate_proj(x)
+        torch.testing.assert_close(mlp.up_proj(x), torch.nn.functional.linear(x, mlp.up_proj.weight))
+        torch.testing.assert_close(gate, torch.nn.functional.linear(x, mlp.gate_proj.weight))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("tree", [False, True])
 def test_fast_logits_match_transformers_forward(arch, tree):
     """Chain and tree verify forwards on top of a cache: fast (preallocated) vs transformers (DynamicCache)."""

@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                                                           values.replace(draft_quant=spec.draft_quant))
     about = machine.describe()
     about["memory_bandwidth_gbs"] = machine.memory_bandwidth_gbs()
+    about["matmul_gflops"] = machine.matmul_gflops()
     print(f"bench: {len(prompts)} prompts x {len(specs)} configurations + plain between each; "
           f"{values['max_new_tokens']} new tokens", file=sys.stderr)
     suite = run_suite(target, prompts, specs, drafters, config, chat=values["chat"], reference=reference,
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         paths = {target.forward: target} | ({} if reference is target else {"hf": reference})
         cost = verify_cost.compare_paths(paths, context, verify_cost.widths_for(max(args.k_list), budget.max_nodes),
-                                         about["memory_bandwidth_gbs"])
+                                         about["memory_bandwidth_gbs"], peak_gflops=about["matmul_gflops"])
     except SpecvizError as error:  # an extra measurement: never lose the suite's results over it
         print(f"warning: {error}; the report leaves the verify-width table out", file=sys.stderr)
         cost = None

@@ -48,6 +48,19 @@ def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best / 1e9
 
 
+def matmul_gflops(size: int = 1024, repeats: int = 5) -> float:
+    """Float32 matrix-product throughput in GFLOP/s on this CPU: the best of ``repeats`` square products, a rate that
+    the thin products of a forward over a few tokens approach but do not beat."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best / 1e9
+
+
 def describe() -> dict:
     import transformers
 

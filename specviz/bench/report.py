@@ -121,27 +121,36 @@ def markdown(summary: Summary, meta: dict) -> str:
 
 
 def verify_cost_section(cost: dict) -> list[str]:
-    """How one target forward's time grows with the tokens it verifies, per forward path, beside the memory floor."""
+    """How one target forward's time grows with the tokens it verifies, per forward path, beside the memory floor and
+    each width's compute floor."""
     paths = cost["paths"]
     names = list(paths)
     by_width = {name: {c["width"]: c for c in curve} for name, curve in paths.items()}
     widths = sorted({w for curve in by_width.values() for w in curve})
     floor = cost.get("floor_ms")
+    compute = cost.get("compute_floor_ms") or {}
     header = ["width"]
     for name in names:
         header += [f"{name} ms", f"{name} vs width 1"]
-    header.append("floor ms")
+    header += ["memory floor ms", "compute floor ms"]
     rows = []
     for width in widths:
         row = [str(width)]
         for name in names:
             point = by_width[name].get(width)
             row += [_num(point["ms"], 1), _num(point["relative"], 2, "×")] if point else ["–", "–"]
-        row.append(_num(floor, 1))
+        row += [_num(floor, 1), _num(compute.get(str(width)), 1)]
         rows.append(row)
-    bandwidth = cost.get("bandwidth_gbs")
-    about = (f" Floor: the weights' {cost['weight_bytes'] / 1e6:.0f} MB read at the {bandwidth:.1f} GB/s measured on "
-             "this machine at the start of the run." if bandwidth else "")
+    bandwidth, peak = cost.get("bandwidth_gbs"), cost.get("peak_gflops")
+    about = (f" Memory floor: the weights' {cost['weight_bytes'] / 1e6:.0f} MB read at the {bandwidth:.1f} GB/s "
+             "measured on this machine at the start of the run." if bandwidth else "")
+    if peak and cost.get("flops_per_token"):
+        about += (f" Compute floor: w × {cost['flops_per_token'] / 1e6:.0f} MFLOP per token (linear layers and "
+                  f"attention over this context) at the {peak:.0f} GFLOP/s of a large float32 matrix product on "
+                  "this machine.")
+        if floor:
+            crossover = floor / (cost["flops_per_token"] / (peak * 1e9) * 1e3)
+            about += f" Past w ≈ {crossover:.1f} compute, not memory, bounds a forward."
     return ["## Target forward cost by verify width", "",
             "One causal forward over w new tokens on the longest prompt's cached context (median of 5), through "
             f"each target forward path ({', '.join(names)}) in the same run.{about}", "",

@@ -32,18 +32,36 @@ def weight_bytes(model) -> int:
     return sum(seen.values())
 
 
-def compare_paths(targets: dict[str, Target], context: list[int], widths: list[int],
-                  bandwidth_gbs: float | None, repeats: int = 5) -> dict:
-    """The verify-width curve of each forward path (e.g. ``fast`` and ``hf``) in one run, with the memory floor.
+def flops_per_token(model, keys: int) -> float:
+    """Floating-point operations of one token in a forward where it attends to ``keys`` positions (the cached context
+    and itself): two per weight of every linear layer (a tied weight counts in each layer using it) plus attention's
+    two products over the keys."""
+    linear = sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    config = model.config
+    heads = getattr(config, "num_attention_heads", 0) or 0
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
+    attention = 4 * getattr(config, "num_hidden_layers", 0) * heads * head_dim * keys
+    return float(linear + attention)
 
-    The floor is the weights' bytes over the memory bandwidth measured on this machine: a forward of up to a few
-    tokens cannot beat it on a CPU, where reading the weights is the work.
+
+def compare_paths(targets: dict[str, Target], context: list[int], widths: list[int],
+                  bandwidth_gbs: float | None, repeats: int = 5, peak_gflops: float | None = None) -> dict:
+    """The verify-width curve of each forward path (e.g. ``fast`` and ``hf``) in one run, with the floors.
+
+    The memory floor is the weights' bytes over the memory bandwidth measured on this machine: a forward of a few
+    tokens cannot beat it on a CPU, where reading the weights is the work. The compute floor of width w is w tokens'
+    operations over the matrix-product rate measured on this machine: past the width where it overtakes the memory
+    floor, a wider verify costs more however well it is dispatched.
     """
     curves = {name: measure(target, context, widths, repeats) for name, target in targets.items()}
     model = next(iter(targets.values())).model
     size = weight_bytes(model)
     floor = size / (bandwidth_gbs * 1e9) * 1e3 if bandwidth_gbs else None
-    return {"paths": curves, "weight_bytes": size, "bandwidth_gbs": bandwidth_gbs, "floor_ms": floor}
+    per_token = flops_per_token(model, len(context) + 1)
+    compute = ({str(w): w * per_token / (peak_gflops * 1e9) * 1e3 for w in sorted(set(widths))}
+               if peak_gflops else None)
+    return {"paths": curves, "weight_bytes": size, "bandwidth_gbs": bandwidth_gbs, "floor_ms": floor,
+            "flops_per_token": per_token, "peak_gflops": peak_gflops, "compute_floor_ms": compute}
 
 
 def measure(target: Target, context: list[int], widths: list[int], repeats: int = 5) -> list[dict]:

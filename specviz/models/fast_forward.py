@@ -4,7 +4,9 @@ Speculative decoding pays off when verifying k + 1 tokens costs about what one t
 dispatch of ``F.linear`` (MKL) picks kernels whose cost grows steeply with the number of rows and leaves one-row
 products on one thread; oneDNN with weights reordered once into its blocked layout stays near the memory-bandwidth
 floor for 1 to 16 rows (BENCHMARKS.md has the curve). So each linear layer keeps its module and its weights, and only
-its ``forward`` is replaced by a call to the packed kernel. The modeling code is transformers' own. In float32 the
+its ``forward`` is replaced by a call to the packed kernel. Sibling projections that read the same input (attention's
+q/k/v, the MLP's gate/up) share one packed product over their stacked weights: one larger, better-used kernel call
+in place of two or three (``fuse_siblings``). The modeling code is transformers' own. In float32 the
 Llama-style RMSNorms (fp32 upcast, mean of squares, rsqrt, scale) run as one ``F.rms_norm`` call: the same result bit
 for bit (tested) with one operator call instead of six. A model on transformers' SDPA attention runs
 ``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the same kernel without copying every layer's cache
@@ -30,6 +32,8 @@ from specviz.models import grouped_sdpa
 #: The name the trace header and the UI show for this path.
 KERNEL = "onednn-packed-linear"
 _MARK = "_specviz_fast_forward"
+#: Linear children of one module that read the same input: run as one product (``fuse_siblings``).
+SIBLING_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 #: RMSNorm classes computing ``weight * x * rsqrt(mean(x^2) + eps)`` exactly as ``F.rms_norm`` does in float32
 #: (not Gemma's, which scales by ``1 + weight``).
 PLAIN_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
@@ -51,8 +55,11 @@ def fast_copy(model: nn.Module) -> nn.Module:
                            f"oneDNN; this one is {parameter.dtype} on {parameter.device}: use --target-forward hf")
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     fast = copy.deepcopy(model, shared)  # new modules, the same parameter and buffer tensors
+    for module in list(fast.modules()):
+        for names in SIBLING_PROJECTIONS:
+            fuse_siblings(module, names)
     for module in fast.modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and "forward" not in vars(module):
             module.forward = packed_linear(module.weight, module.bias)
         elif type(module).__name__ in PLAIN_RMS_NORMS and module.weight.dtype == torch.float32:
             module.forward = fused_rms_norm(module.weight, module.variance_epsilon)
@@ -81,6 +88,46 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
         return linear(rows, packed, bias, "none", [], "").reshape(*x.shape[:-1], out_features)
 
     return forward
+
+
+def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
+    """Run ``parent``'s linear children ``names`` as one packed product over their stacked weights.
+
+    The first of them called on an input computes every sibling's output and keeps the others' for that same input
+    tensor object (checked by identity, so the modeling code must not modify it in place between the calls, which
+    no projection does); a call on any other input computes the stacked product afresh, so every output is its own
+    input's product whatever the order or pattern of calls. Returns whether the group was fused (all
+    present, linear, one dtype, biases on all or none).
+    """
+    modules = [getattr(parent, name, None) for name in names]
+    if not all(isinstance(m, nn.Linear) for m in modules):
+        return False
+    biased = {m.bias is not None for m in modules}
+    if len(biased) > 1 or len({m.weight.dtype for m in modules}) > 1 or len({m.in_features for m in modules}) > 1:
+        return False
+    stacked = packed_linear(torch.cat([m.weight.detach() for m in modules]),
+                            torch.cat([m.bias.detach() for m in modules]) if biased == {True} else None)
+    sizes = [m.out_features for m in modules]
+    kept: dict[int, torch.Tensor] = {}  # sibling index -> its output for ``kept_for[0]``
+    kept_for: list[torch.Tensor | None] = [None]
+
+    def sibling(index: int):
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if kept_for[0] is x and index in kept:
+                output = kept.pop(index)
+                if not kept:
+                    kept_for[0] = None
+                return output
+            outputs = stacked(x).split(sizes, dim=-1)
+            kept.clear()
+            kept.update((i, out) for i, out in enumerate(outputs) if i != index)
+            kept_for[0] = x
+            return outputs[index]
+        return forward
+
+    for index, module in enumerate(modules):
+        module.forward = sibling(index)
+    return True
 
 
 def fused_rms_norm(weight: torch.Tensor, eps: float):
