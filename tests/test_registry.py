@@ -45,7 +45,7 @@ def test_the_shipped_families_are_registered():
     names = [f.name for f in registry.families()]
     assert names[:2] == ["ngram", "model"]
     ngram, model = registry.get("ngram"), registry.get("model")
-    assert (ngram.syntax, model.syntax) == ("ngram[:N]", "model:<name|dir|hub id>")
+    assert (ngram.syntax, model.syntax) == ("ngram[:auto][:N]", "model:<name|dir|hub id>")
     assert ngram.feature_layers == () and model.feature_layers == ()  # neither needs the target's hidden states
     assert ngram.layers_for(30) == () and model.layers_for(30) == ()
     assert ngram.trainer is None and model.trainer == "draft-lm"
@@ -86,7 +86,7 @@ def test_shipped_checkpoints_come_from_the_models_registry():
     default = registry.default_specs("smollm2-135m")
     assert default[0] == "ngram" and all(spec in default for spec in shipped)
     menu = dict(registry.menu("smollm2-135m"))
-    assert menu["n-gram lookup"] == ["ngram", "ngram:2", "ngram:4"] and menu.get("draft model", []) == shipped
+    assert menu["n-gram lookup"] == ["ngram", "ngram:2", "ngram:4", "ngram:auto"] and menu.get("draft model", []) == shipped
 
 
 def test_make_drafter_builds_both_families(target, draft_dir):

@@ -38,7 +38,6 @@ Loaders for our folder and the published layouts: ``specviz.drafters.dflash_layo
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -499,7 +498,7 @@ class DFlashDrafter(BlockDrafter):
         rows = torch.zeros(len(tokens) + 1, self.vocab_size)
         rows[: min(len(tokens) + 1, len(q))] = q[: len(tokens) + 1]
         return DraftTree.chain(tokens, q_token=q_token, q_dist=rows, sampled=False,
-                               confidence=_cumulative_product(q_token), meta=meta)
+                               confidence=cost_curve.survival(q_token), meta=meta)
 
     def _ddtree(self, q: torch.Tensor, budget: DraftBudget, meta: dict) -> DraftTree:
         depth = min(budget.depth, self.spec.drafts)
@@ -547,14 +546,14 @@ class DSparkDrafter(BlockDrafter):
         scan = cost_curve.PrefixScan(self.cost_curve, cap) if self.schedule else None
         tokens, rows, estimates = self._draft(context[-1], hidden, base, cap, sampling, generator, scan)
         q_token = [float(rows[i, t]) for i, t in enumerate(tokens)]
-        survival = _cumulative_product(estimates)
+        survival = cost_curve.survival(estimates)
         plan = scan.schedule if scan is not None else None
         length = plan.length if plan is not None else cap
         q_dist = torch.zeros(length + 1, self.vocab_size)
         q_dist[: min(length + 1, len(tokens))] = rows[: length + 1]
         heads = estimates if self.runner.confidence_head is not None else None
         meta = {"block": self._block_meta(tokens, q_token), "survival": [round(s, 6) for s in survival],
-                "pruned": _cut_tail(tokens, q_token, survival, length),
+                "pruned": cost_curve.cut_tail(tokens, q_token, survival, length),
                 "confidence_head": None if heads is None else [round(c, 6) for c in heads],
                 "verify_length": length, "schedule": None if plan is None else
                 {**plan.to_dict(), "curve": self.cost_curve.source}}
@@ -598,22 +597,6 @@ class DSparkDrafter(BlockDrafter):
         return tokens, rows[: len(tokens)], estimates
 
 
-def _cut_tail(tokens: list[int], q_token: list[float], survival: list[float], length: int) -> list[dict]:
-    """The drafts the schedule did not verify, as ``meta["pruned"]`` records (a chain hanging off the last verified
-    draft), so the tree view draws them faded beside the verified prefix."""
-    return [{"token": tokens[j], "depth": j + 1, "q": q_token[j], "confidence": survival[j],
-             "parent": (length - 1) if j == length else None, "pruned_parent": None if j == length else j - length - 1,
-             "reason": "drafted, then cut by the confidence schedule"} for j in range(length, len(tokens))]
-
-
-def _cumulative_product(values: list[float]) -> list[float]:
-    out, running = [], 1.0
-    for value in values:
-        running *= value
-        out.append(running)
-    return out
-
-
 # ---- the families -----------------------------------------------------------------------------------------------
 #: ``dspark:fixed[:<source>]`` verifies every draft the budget allows (no schedule).
 FIXED = "fixed"
@@ -636,21 +619,9 @@ def _builder(kind: str):
         name = f"{kind}:{argument}" if argument else kind
         if kind == "dflash":
             return DFlashDrafter(model, target.vocab_size, name=name)
-        curve = measured_curve(target, model.spec.drafts + 1) if scheduled else None
+        curve = cost_curve.measured(target, model.spec.drafts + 1) if scheduled else None
         return DSparkDrafter(model, target.vocab_size, name=name, schedule=scheduled, cost_curve=curve)
     return build
-
-
-_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {widest: CostCurve}
-
-
-def measured_curve(target: Target, widest: int) -> CostCurve:
-    """The target's verify-cost curve up to ``widest`` tokens, timed once per target model in this process (the
-    app builds a drafter per run; the machine does not change between runs)."""
-    curves = _CURVES.setdefault(target.model, {})
-    if widest not in curves:
-        curves[widest] = cost_curve.measure(target, widest)
-    return curves[widest]
 
 
 FEATURES = ("`hidden_states[id + 1]` for DFlash's `build_target_layer_ids(L, 5)` ids (L = 30: `hidden_states[2]`, "

@@ -2,6 +2,13 @@
 
 Deterministic (no draft distribution), so its proposals are verified with the target-sampling rule. An index of
 every n-gram's end positions is updated incrementally on commit, so a round costs O(new tokens), not O(context).
+
+``ngram:auto`` schedules its chains: it keeps, per matched n-gram length and draft position, how often this
+generation's drafts were accepted (``AcceptanceStats``), turns the counts into a confidence ĉ_j for each drafted
+token and a prefix survival s_j, and verifies the prefix that maximises (1 + Σ s) ÷ cost(1 + ℓ) on the target's
+measured verify-cost curve, or nothing where no prefix beats a plain step. A long, reliable match is verified to k
+tokens; a weak one costs no verify width. The cut depends only on the drafts and on past rounds, so it stays
+lossless (greedy and sampled alike).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from collections import defaultdict
 import torch
 
 from specviz.drafters.registry import DrafterFamily, register
+from specviz.engine import cost_curve
+from specviz.engine.cost_curve import CostCurve
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
@@ -18,6 +27,43 @@ from specviz.errors import SpecvizError
 
 MAX_NGRAM = 8
 DEFAULT_MAX_NGRAM = 3
+#: ``ngram:auto`` schedules its chains (``NgramDrafter(schedule=...)``) on the verify-cost curve measured up to
+#: ``SCHEDULE_WIDEST`` tokens (wider verifies extrapolate its last segment).
+AUTO = "auto"
+SCHEDULE_WIDEST = 17
+
+
+class AcceptanceStats:
+    """How often drafted tokens were accepted, given every draft before them was, per matched n-gram length n and
+    draft position j (positions past ``POSITIONS`` share the last bucket).
+
+    The estimate for (n, j) shrinks its own rate toward the rate at position j over every n, and that one toward
+    ½: ``(a + w·prior) / (t + w)`` with ``w`` pseudo-trials at each level, so a fresh generation starts undecided
+    and follows its own text within a few rounds.
+    """
+
+    POSITIONS = 8
+
+    def __init__(self, weight: float = 2.0):
+        self.weight = weight
+        self.trials: dict[tuple[int, int], int] = defaultdict(int)
+        self.accepted: dict[tuple[int, int], int] = defaultdict(int)
+
+    def _bucket(self, j: int) -> int:
+        return min(j, self.POSITIONS)
+
+    def estimate(self, n: int, j: int) -> float:
+        j = self._bucket(j)
+        pooled_trials = sum(t for (_, position), t in self.trials.items() if position == j)
+        pooled_accepted = sum(a for (_, position), a in self.accepted.items() if position == j)
+        pooled = (pooled_accepted + self.weight * 0.5) / (pooled_trials + self.weight)
+        return (self.accepted[n, j] + self.weight * pooled) / (self.trials[n, j] + self.weight)
+
+    def record(self, n: int, verified: int, accepted: int) -> None:
+        """A chain of ``verified`` drafts from an n-gram match had its first ``accepted`` accepted."""
+        for j in range(1, min(accepted + 1, verified) + 1):
+            self.trials[n, self._bucket(j)] += 1
+            self.accepted[n, self._bucket(j)] += j <= accepted
 
 
 class NgramDrafter(Drafter):
@@ -25,20 +71,30 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1, *, schedule: CostCurve | None = None,
+                 name: str | None = None):
         if not 1 <= min_ngram <= max_ngram <= MAX_NGRAM:
             raise SpecvizError(f"n-gram sizes must satisfy 1 <= min <= max <= {MAX_NGRAM}, "
                                f"got min={min_ngram} max={max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.schedule = schedule  # the verify-cost curve chains are scheduled on; None: verify all k
+        self.name = name or self.name
         self._index: dict[tuple[int, ...], list[int]] = defaultdict(list)
         self._indexed = 0
+        self.stats = AcceptanceStats()
+        self._verified: tuple[int, int] | None = None  # (matched n, drafts verified) of the last scheduled chain
 
     def describe(self) -> dict:
-        return {"name": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        described = {"name": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        if self.schedule is not None:
+            described["cost_curve"] = self.schedule.to_dict()
+        return described
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._index.clear()
         self._indexed = 0
+        self.stats = AcceptanceStats()
+        self._verified = None
         self._extend(prompt_ids)
 
     def _extend(self, context: list[int]) -> None:
@@ -51,7 +107,11 @@ class NgramDrafter(Drafter):
 
     def continuations(self, context: list[int], depth: int, limit: int) -> list[list[int]]:
         """Up to ``limit`` distinct continuations (at most ``depth`` tokens), longest n-gram and most recent first."""
-        found: list[list[int]] = []
+        return [follow for _, follow in self._matches(context, depth, limit)]
+
+    def _matches(self, context: list[int], depth: int, limit: int) -> list[tuple[int, list[int]]]:
+        """``continuations`` with the length n of the n-gram each one followed."""
+        found: list[tuple[int, list[int]]] = []
         seen: set[tuple[int, ...]] = set()
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if n > len(context):
@@ -63,7 +123,7 @@ class NgramDrafter(Drafter):
                 follow = context[end : end + depth]
                 if follow and tuple(follow) not in seen:
                     seen.add(tuple(follow))
-                    found.append(follow)
+                    found.append((n, follow))
                     if len(found) >= limit:
                         return found
         return found
@@ -75,12 +135,35 @@ class NgramDrafter(Drafter):
             self.begin(context)
         else:
             self._extend(context)
+        self._verified = None
         if not budget.tree:
-            found = self.continuations(context, budget.k, 1)
-            return DraftTree.chain(found[0]) if found else DraftTree.empty()
+            found = self._matches(context, budget.k, 1)
+            if not found:
+                return DraftTree.empty()
+            n, tokens = found[0]
+            return self._scheduled(n, tokens) if self.schedule is not None else DraftTree.chain(tokens)
         return _trie(self.continuations(context, budget.depth, budget.width), budget.max_nodes)
 
+    def _scheduled(self, n: int, tokens: list[int]) -> DraftTree:
+        """The prefix of ``tokens`` worth verifying (possibly none), with each draft's confidence and the scan."""
+        estimates = [self.stats.estimate(n, j) for j in range(1, len(tokens) + 1)]
+        survival = cost_curve.survival(estimates)
+        plan = cost_curve.best_prefix(survival, self.schedule, len(tokens))
+        plain = 1.0 / self.schedule.cost(1)  # committed tokens per ms of a round that drafts nothing
+        length = plan.length if plan.values[plan.length - 1] > plain else 0
+        self._verified = (n, length)
+        meta = {"match": {"n": n, "drafted": len(tokens)}, "survival": [round(v, 6) for v in survival],
+                "confidence_head": [round(c, 6) for c in estimates],
+                "pruned": cost_curve.cut_tail(tokens, None, survival, length), "verify_length": length,
+                "schedule": {**plan.to_dict(), "length": length, "plain_value": round(plain, 6),
+                             "curve": self.schedule.source}}
+        return DraftTree.chain(tokens[:length], confidence=survival[:length], meta=meta)
+
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        if self._verified is not None:
+            n, verified = self._verified
+            self.stats.record(n, verified, len(accepted))
+            self._verified = None
         self._extend(context)
 
 
@@ -109,30 +192,44 @@ def _trie(continuations: list[list[int]], max_nodes: int) -> DraftTree:
 
 
 # ---- the family ----------------------------------------------------------------------------------------------
+def parse_argument(argument: str) -> tuple[int, bool]:
+    """(maximum n, scheduled) of an ``ngram[:auto][:N]`` spec's argument (``""``: the default n, not scheduled)."""
+    parts = argument.split(":") if argument else []
+    scheduled = bool(parts) and parts[0] == AUTO
+    rest = parts[1:] if scheduled else parts
+    if len(rest) > 1 or (rest and (not rest[0].isdigit() or not 1 <= int(rest[0]) <= MAX_NGRAM)):
+        raise SpecvizError(f"ngram takes a maximum n-gram size from 1 to {MAX_NGRAM} and an optional '{AUTO}', "
+                           f"e.g. ngram:3 or ngram:{AUTO}:3, got {'ngram:' + argument!r}")
+    return (int(rest[0]) if rest else DEFAULT_MAX_NGRAM), scheduled
+
+
 def ngram_size(argument: str) -> int:
-    """The maximum n of an ``ngram[:N]`` spec's argument (``""``: the default)."""
-    if not argument:
-        return DEFAULT_MAX_NGRAM
-    if not argument.isdigit() or not 1 <= int(argument) <= MAX_NGRAM:
-        raise SpecvizError(f"ngram takes a maximum n-gram size from 1 to {MAX_NGRAM}, e.g. ngram:3, "
-                           f"got {'ngram:' + argument!r}")
-    return int(argument)
+    """The maximum n of an ``ngram[:auto][:N]`` spec's argument (``""``: the default)."""
+    return parse_argument(argument)[0]
 
 
 def _check(argument: str) -> str:
-    ngram_size(argument)
+    parse_argument(argument)
     return argument
+
+
+def _build(argument: str, target, settings) -> NgramDrafter:
+    size, scheduled = parse_argument(argument)
+    curve = cost_curve.measured(target, SCHEDULE_WIDEST) if scheduled else None
+    return NgramDrafter(max_ngram=size, schedule=curve, name=f"ngram:{argument}" if argument else None)
 
 
 FAMILY = register(DrafterFamily(
     name="ngram",
-    syntax="ngram[:N]",
+    syntax="ngram[:auto][:N]",
     title="n-gram lookup",
     description=f"prompt lookup: continue with what followed the latest match of the context's last n tokens "
-                f"(n = N down to 1; N = {DEFAULT_MAX_NGRAM} by default); no model, no draft probabilities",
-    build=lambda argument, target, settings: NgramDrafter(max_ngram=ngram_size(argument)),
+                f"(n = N down to 1; N = {DEFAULT_MAX_NGRAM} by default); no model, no draft probabilities; "
+                f"ngram:{AUTO} verifies the prefix (up to k) that this run's acceptance so far says pays on this "
+                "machine's verify-cost curve, or none",
+    build=_build,
     check=_check,
     default_spec="ngram",
-    variants=("ngram:2", "ngram:4"),
+    variants=("ngram:2", "ngram:4", f"ngram:{AUTO}"),
     order=10,
 ))

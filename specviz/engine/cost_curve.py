@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -138,6 +139,18 @@ def measure(target: Target, widest: int, *, context_length: int = 32, repeats: i
     return CostCurve(tuple(widths), tuple(ms), f"measured on {target.name}")
 
 
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {widest: CostCurve}
+
+
+def measured(target: Target, widest: int) -> CostCurve:
+    """``measure``'s curve up to ``widest`` tokens, timed once per target model in this process (the app builds a
+    drafter per run; the machine does not change between runs)."""
+    curves = _CURVES.setdefault(target.model, {})
+    if widest not in curves:
+        curves[widest] = measure(target, widest)
+    return curves[widest]
+
+
 def _now(model) -> float:
     """A clock reading after the accelerator has finished queued work."""
     if next(model.parameters()).device.type == "cuda":
@@ -209,3 +222,21 @@ class PrefixScan:
     @property
     def schedule(self) -> Schedule:
         return Schedule(self.length, tuple(self.values), tuple(self.costs))
+
+
+def survival(estimates: Iterable[float]) -> list[float]:
+    """Prefix survival s_k = ĉ_1 ⋯ ĉ_k of per-position acceptance estimates."""
+    out, running = [], 1.0
+    for value in estimates:
+        running *= value
+        out.append(running)
+    return out
+
+
+def cut_tail(tokens: list[int], q_token: list[float] | None, survival: list[float], length: int) -> list[dict]:
+    """The drafts a schedule did not verify, as ``meta["pruned"]`` records (a chain hanging off the last verified
+    draft), so the views draw them faded beside the verified prefix."""
+    return [{"token": tokens[j], "depth": j + 1, "q": None if q_token is None else q_token[j],
+             "confidence": survival[j], "parent": (length - 1) if j == length else None,
+             "pruned_parent": None if j == length else j - length - 1,
+             "reason": "drafted, then cut by the confidence schedule"} for j in range(length, len(tokens))]

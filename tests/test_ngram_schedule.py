@@ -1,0 +1,138 @@
+"""``ngram:auto``: n-gram chains cut by their own acceptance so far and the target's verify-cost curve.
+
+Lossless like every drafter (greedy output identical, sampled output distributed as the target's), and the cut
+follows the estimates: nothing is verified where no prefix pays, all k where verifying is free.
+"""
+
+import pytest
+import tiny
+import torch
+from test_sampling_lossless import CONFIG, FAIL_P, PASS_P, V, chi_square_p
+
+from specviz import api
+from specviz.drafters.ngram import NgramDrafter, parse_argument
+from specviz.engine import accept as accept_module
+from specviz.engine.accept import Acceptance
+from specviz.engine.cost_curve import CostCurve
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.sampling import make_generator, probabilities
+from specviz.errors import SpecvizError
+
+REPEATING = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
+#: Verifying more costs more: a first draft pays at an estimated acceptance above 0.15, a second above 0.3 more.
+RISING = CostCurve.from_points({1: 10.0, 2: 11.5, 3: 13.0, 5: 16.0, 9: 24.0, 17: 40.0})
+
+
+def test_acceptance_stats_shrink_toward_the_position_then_one_half():
+    drafter = NgramDrafter(schedule=CostCurve.flat())
+    stats = drafter.stats
+    assert stats.estimate(3, 1) == 0.5  # nothing seen yet
+    stats.record(3, verified=4, accepted=2)  # drafts 1 and 2 accepted, 3 rejected, 4 never judged
+    assert stats.estimate(3, 1) == pytest.approx((1 + 2 * (2 / 3)) / 3)
+    assert stats.estimate(3, 3) == pytest.approx((0 + 2 * (1 / 3)) / 3)
+    assert stats.estimate(3, 4) == 0.5
+    assert stats.estimate(1, 1) == pytest.approx(2 / 3)  # another n: the position's pooled rate
+    stats.record(2, verified=20, accepted=20)
+    assert stats.trials[2, stats.POSITIONS] == 20 - stats.POSITIONS + 1  # deep positions share a bucket
+
+
+def test_the_cut_follows_the_estimates_and_the_curve():
+    context = REPEATING + [5, 9, 3]  # "9 3" was followed by "17 5 22 40 3 17"
+    budget, generator = DraftBudget(k=6), make_generator(0)
+    free = NgramDrafter(schedule=CostCurve.flat())
+    free.begin(context)
+    tree = free.propose(context, budget, CONFIG, generator)
+    assert tree.tokens == [17, 5, 22, 40, 3, 17] and tree.meta["verify_length"] == 6
+    assert tree.confidence == pytest.approx([0.5 ** j for j in range(1, 7)])
+
+    steep = NgramDrafter(schedule=CostCurve.from_points({1: 10.0, 2: 18.0, 8: 80.0}))
+    steep.begin(context)
+    tree = steep.propose(context, budget, CONFIG, generator)
+    assert tree.tokens == [] and tree.meta["schedule"]["length"] == 0  # 1.5 tokens for 18 ms < 1 for 10 ms
+    assert [node["token"] for node in tree.meta["pruned"]] == [17, 5, 22, 40, 3, 17]  # drafted, shown, cut
+    assert len(tree.meta["schedule"]["values"]) == 2  # the scan stopped at the first drop
+    for _ in range(30):  # this generation's drafts from 2-grams were all accepted: now drafts pay
+        steep.stats.record(2, verified=6, accepted=6)
+    tree = steep.propose(context, budget, CONFIG, generator)
+    assert tree.tokens[:1] == [17] and tree.meta["match"]["n"] == 3  # a 3-gram, trusted through the pooled rate
+
+    fixed = NgramDrafter()
+    fixed.begin(context)
+    assert fixed.propose(context, budget, CONFIG, generator).confidence is None  # unchanged without a curve
+
+
+@pytest.mark.parametrize("forward", ["hf", "fast"])
+@pytest.mark.parametrize("budget", [DraftBudget(k=2), DraftBudget(k=8), DraftBudget(k=16)], ids=lambda b: b.describe())
+def test_greedy_output_is_plain_decoding_and_the_cut_varies(forward, budget):
+    target = tiny.target("llama", 64, forward=forward, layers=3, scale=25)
+    config = GenerationConfig(max_new_tokens=120)
+    baseline = plain_decode(target, REPEATING, config)
+    run = generate(target, REPEATING, config, NgramDrafter(schedule=RISING), budget)
+    assert run.token_ids == baseline.token_ids
+    scheduled = [r for r in run.rounds if "schedule" in r.meta]
+    assert scheduled and all(r.meta["verify_length"] == len(r.tokens) for r in scheduled)
+    assert all(r.confidence == pytest.approx(r.meta["survival"][: len(r.tokens)], abs=1e-6) for r in scheduled)
+    if budget.k > 2:
+        assert len({r.meta["verify_length"] for r in scheduled}) > 2  # cut to different lengths, zero included
+        assert any(r.meta["pruned"] for r in scheduled)
+
+
+# ---- sampling --------------------------------------------------------------------------------------------------
+SAMPLING_PROMPT = [1, 5, 2, 1, 5]  # "5" and "1 5" were followed by "2 1 5": a draft from the first round on
+#: A first draft pays at the prior's 0.5 and not after a rejection, so the verified length depends on history.
+SAMPLING_CURVE = CostCurve.from_points({1: 1.0, 2: 1.3, 3: 1.7})
+
+
+def exact_pairs(net: torch.nn.Module, prompt: list[int]) -> dict[tuple[int, int], float]:
+    """P(x1, x2) of the target after ``prompt``, computed from its logits."""
+    with torch.inference_mode():
+        first = probabilities(net(torch.tensor([prompt])).logits[0, -1].float(), CONFIG)
+        rows = probabilities(net(torch.tensor([prompt + [a] for a in range(V)])).logits[:, -1].float(), CONFIG)
+    return {(a, b): float(first[a] * rows[a, b]) for a in range(V) for b in range(V)}
+
+
+def sampled_pairs(samples: int) -> tuple[dict, dict]:
+    target = tiny.target("llama", V, layers=2, seed=0, scale=15)
+    exact = exact_pairs(tiny.model("llama", V, layers=2, seed=0, scale=15), SAMPLING_PROMPT)
+    drafter = NgramDrafter(schedule=SAMPLING_CURVE)
+    counts: dict[tuple[int, int], int] = {}
+    lengths: set[int] = set()
+    for seed in range(samples):
+        config = GenerationConfig(max_new_tokens=2, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)
+        run = Generation(target, SAMPLING_PROMPT, config, drafter, DraftBudget(k=2)).run()
+        counts[tuple(run.token_ids)] = counts.get(tuple(run.token_ids), 0) + 1
+        lengths.update(len(r.tokens) for r in run.rounds)
+    return counts, exact, lengths
+
+
+def test_sampled_scheduled_chains_keep_the_target_distribution():
+    counts, exact, lengths = sampled_pairs(1_500)
+    assert lengths == {0, 1}  # proposed in some rounds, skipped in others
+    assert chi_square_p(counts, exact) > PASS_P
+
+
+def test_a_verifier_that_trusts_the_drafts_is_detected(monkeypatch):
+    """Control: accepting every deterministic draft instead of drawing from the target biases the output."""
+    def trusting(tree, choice, rule):
+        path = list(range(len(tree.tokens)))
+        return Acceptance(path, int(choice[len(path)]), "bonus", rule, [])
+
+    monkeypatch.setattr(accept_module, "walk_target_choice", trusting)
+    counts, exact, _ = sampled_pairs(300)
+    assert chi_square_p(counts, exact) < FAIL_P
+
+
+# ---- the spec ----------------------------------------------------------------------------------------------------
+def test_spec_names_and_bad_arguments():
+    assert parse_argument("") == (3, False) and parse_argument("auto") == (3, True)
+    assert parse_argument("auto:5") == (5, True) and parse_argument("4") == (4, False)
+    for bad in ("auto:auto", "5:auto", "auto:9", "fast", "auto:"):
+        with pytest.raises(SpecvizError) as error:
+            parse_argument(bad)
+        assert "ngram takes a maximum n-gram size" in str(error.value) and "\n" not in str(error.value)
+    target = tiny.target("llama", 64, layers=2)
+    drafter = api.make_drafter("ngram:auto:4", target)
+    assert drafter.max_ngram == 4 and drafter.schedule is not None and drafter.name == "ngram:auto:4"
+    assert drafter.describe()["cost_curve"]["source"] == "measured on tiny-llama"
+    assert api.make_drafter("ngram", target).schedule is None
