@@ -4,6 +4,8 @@ Lossless like every drafter (greedy output identical, sampled output distributed
 follows the estimates: nothing is verified where no prefix pays, all k where verifying is free.
 """
 
+import json
+
 import pytest
 import tiny
 import torch
@@ -18,22 +20,24 @@ from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
 from specviz.engine.sampling import make_generator, probabilities
 from specviz.errors import SpecvizError
+from specviz.viz.confidence import block_positions, confidence_spec
+from specviz.viz.tree_figure import tree_spec
 
 REPEATING = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
-#: Verifying more costs more: a first draft pays at an estimated acceptance above 0.15, a second above 0.3 more.
-RISING = CostCurve.from_points({1: 10.0, 2: 11.5, 3: 13.0, 5: 16.0, 9: 24.0, 17: 40.0})
+#: Verifying more costs more: a first draft pays at an estimated acceptance above 0.4, each further one a little less.
+STEEP = CostCurve.from_points({1: 10.0, 2: 14.0, 9: 40.0})
 
 
 def test_acceptance_stats_shrink_toward_the_position_then_one_half():
     drafter = NgramDrafter(schedule=CostCurve.flat())
     stats = drafter.stats
     assert stats.estimate(3, 1) == 0.5  # nothing seen yet
-    stats.record(3, verified=4, accepted=2)  # drafts 1 and 2 accepted, 3 rejected, 4 never judged
+    stats.record(3, [True, True, False, True])  # drafts 1 and 2 matched, 3 missed, 4 is never counted
     assert stats.estimate(3, 1) == pytest.approx((1 + 2 * (2 / 3)) / 3)
     assert stats.estimate(3, 3) == pytest.approx((0 + 2 * (1 / 3)) / 3)
     assert stats.estimate(3, 4) == 0.5
     assert stats.estimate(1, 1) == pytest.approx(2 / 3)  # another n: the position's pooled rate
-    stats.record(2, verified=20, accepted=20)
+    stats.record(2, [True] * 20)
     assert stats.trials[2, stats.POSITIONS] == 20 - stats.POSITIONS + 1  # deep positions share a bucket
 
 
@@ -53,7 +57,7 @@ def test_the_cut_follows_the_estimates_and_the_curve():
     assert [node["token"] for node in tree.meta["pruned"]] == [17, 5, 22, 40, 3, 17]  # drafted, shown, cut
     assert len(tree.meta["schedule"]["values"]) == 2  # the scan stopped at the first drop
     for _ in range(30):  # this generation's drafts from 2-grams were all accepted: now drafts pay
-        steep.stats.record(2, verified=6, accepted=6)
+        steep.stats.record(2, [True] * 6)
     tree = steep.propose(context, budget, CONFIG, generator)
     assert tree.tokens[:1] == [17] and tree.meta["match"]["n"] == 3  # a 3-gram, trusted through the pooled rate
 
@@ -65,17 +69,38 @@ def test_the_cut_follows_the_estimates_and_the_curve():
 @pytest.mark.parametrize("forward", ["hf", "fast"])
 @pytest.mark.parametrize("budget", [DraftBudget(k=2), DraftBudget(k=8), DraftBudget(k=16)], ids=lambda b: b.describe())
 def test_greedy_output_is_plain_decoding_and_the_cut_varies(forward, budget):
+    """Exact output; the verified length follows the estimates (some rounds skipped, then verified again: cut drafts
+    are still scored against the committed tokens, so a skipped match is not skipped for good)."""
     target = tiny.target("llama", 64, forward=forward, layers=3, scale=25)
     config = GenerationConfig(max_new_tokens=120)
     baseline = plain_decode(target, REPEATING, config)
-    run = generate(target, REPEATING, config, NgramDrafter(schedule=RISING), budget)
+    run = generate(target, REPEATING, config, NgramDrafter(schedule=STEEP), budget)
     assert run.token_ids == baseline.token_ids
     scheduled = [r for r in run.rounds if "schedule" in r.meta]
     assert scheduled and all(r.meta["verify_length"] == len(r.tokens) for r in scheduled)
     assert all(r.confidence == pytest.approx(r.meta["survival"][: len(r.tokens)], abs=1e-6) for r in scheduled)
+    lengths = [r.meta["verify_length"] for r in scheduled]
+    assert any(a == 0 and b > 0 for a, b in zip(lengths, lengths[1:]))  # skipped, then verified again
     if budget.k > 2:
-        assert len({r.meta["verify_length"] for r in scheduled}) > 2  # cut to different lengths, zero included
-        assert any(r.meta["pruned"] for r in scheduled)
+        assert len(set(lengths)) > 2 and any(r.meta["pruned"] for r in scheduled)
+
+
+def test_the_views_draw_scheduled_rounds_and_skipped_ones():
+    """Every round's tree and confidence panel draw (JSON-ready); a round that verified nothing shows its drafts cut."""
+    target = tiny.target("llama", 64, layers=3, scale=25)
+    run = generate(target, REPEATING, GenerationConfig(max_new_tokens=80), NgramDrafter(schedule=STEEP),
+                   DraftBudget(k=8))
+    skipped = [i for i, r in enumerate(run.rounds) if r.meta.get("pruned") and not r.tokens]
+    assert skipped
+    for index, round_ in enumerate(run.rounds):
+        json.dumps(tree_spec(round_))
+        json.dumps(confidence_spec(run.rounds, index))
+    spec = confidence_spec(run.rounds, skipped[0])
+    assert any(note["text"] == "verify ℓ = 0" for note in spec["layout"]["annotations"])
+    rows = block_positions(run.rounds[skipped[0]])
+    assert rows and all(row["outcome"] == "cut" and row["q"] is None for row in rows)
+    hover = tree_spec(run.rounds[skipped[0]])["data"]
+    assert any("ℓ=0 (a plain step)" in str(trace.get("hovertext", "")) for trace in hover)
 
 
 # ---- sampling --------------------------------------------------------------------------------------------------

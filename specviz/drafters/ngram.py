@@ -4,11 +4,13 @@ Deterministic (no draft distribution), so its proposals are verified with the ta
 every n-gram's end positions is updated incrementally on commit, so a round costs O(new tokens), not O(context).
 
 ``ngram:auto`` schedules its chains: it keeps, per matched n-gram length and draft position, how often this
-generation's drafts were accepted (``AcceptanceStats``), turns the counts into a confidence ĉ_j for each drafted
+generation's drafts matched the target (``AcceptanceStats``), turns the counts into a confidence ĉ_j for each drafted
 token and a prefix survival s_j, and verifies the prefix that maximises (1 + Σ s) ÷ cost(1 + ℓ) on the target's
 measured verify-cost curve, or nothing where no prefix beats a plain step. A long, reliable match is verified to k
-tokens; a weak one costs no verify width. The cut depends only on the drafts and on past rounds, so it stays
-lossless (greedy and sampled alike).
+tokens; a weak one costs no verify width. Drafts it cut are scored too, against the tokens the round committed
+(a deterministic draft is accepted exactly when the target's own token equals it, greedy or sampled), so a skipped
+match keeps being judged and is verified again once it pays. The cut depends only on the drafts and on past rounds,
+so it stays lossless (greedy and sampled alike).
 """
 
 from __future__ import annotations
@@ -59,11 +61,13 @@ class AcceptanceStats:
         pooled = (pooled_accepted + self.weight * 0.5) / (pooled_trials + self.weight)
         return (self.accepted[n, j] + self.weight * pooled) / (self.trials[n, j] + self.weight)
 
-    def record(self, n: int, verified: int, accepted: int) -> None:
-        """A chain of ``verified`` drafts from an n-gram match had its first ``accepted`` accepted."""
-        for j in range(1, min(accepted + 1, verified) + 1):
+    def record(self, n: int, outcomes: list[bool]) -> None:
+        """Drafts 1, 2, … of a chain from an n-gram match matched the target's tokens (True) up to the first miss."""
+        for j, hit in enumerate(outcomes, start=1):
             self.trials[n, self._bucket(j)] += 1
-            self.accepted[n, self._bucket(j)] += j <= accepted
+            self.accepted[n, self._bucket(j)] += hit
+            if not hit:
+                break
 
 
 class NgramDrafter(Drafter):
@@ -82,7 +86,7 @@ class NgramDrafter(Drafter):
         self._index: dict[tuple[int, ...], list[int]] = defaultdict(list)
         self._indexed = 0
         self.stats = AcceptanceStats()
-        self._verified: tuple[int, int] | None = None  # (matched n, drafts verified) of the last scheduled chain
+        self._drafted: tuple[int, list[int], int] | None = None  # (matched n, drafts, context length) of a schedule
 
     def describe(self) -> dict:
         described = {"name": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
@@ -94,7 +98,7 @@ class NgramDrafter(Drafter):
         self._index.clear()
         self._indexed = 0
         self.stats = AcceptanceStats()
-        self._verified = None
+        self._drafted = None
         self._extend(prompt_ids)
 
     def _extend(self, context: list[int]) -> None:
@@ -135,13 +139,16 @@ class NgramDrafter(Drafter):
             self.begin(context)
         else:
             self._extend(context)
-        self._verified = None
+        self._drafted = None
         if not budget.tree:
             found = self._matches(context, budget.k, 1)
             if not found:
                 return DraftTree.empty()
             n, tokens = found[0]
-            return self._scheduled(n, tokens) if self.schedule is not None else DraftTree.chain(tokens)
+            if self.schedule is None:
+                return DraftTree.chain(tokens)
+            self._drafted = (n, tokens, len(context))
+            return self._scheduled(n, tokens)
         return _trie(self.continuations(context, budget.depth, budget.width), budget.max_nodes)
 
     def _scheduled(self, n: int, tokens: list[int]) -> DraftTree:
@@ -151,7 +158,6 @@ class NgramDrafter(Drafter):
         plan = cost_curve.best_prefix(survival, self.schedule, len(tokens))
         plain = 1.0 / self.schedule.cost(1)  # committed tokens per ms of a round that drafts nothing
         length = plan.length if plan.values[plan.length - 1] > plain else 0
-        self._verified = (n, length)
         meta = {"match": {"n": n, "drafted": len(tokens)}, "survival": [round(v, 6) for v in survival],
                 "confidence_head": [round(c, 6) for c in estimates],
                 "pruned": cost_curve.cut_tail(tokens, None, survival, length), "verify_length": length,
@@ -160,10 +166,10 @@ class NgramDrafter(Drafter):
         return DraftTree.chain(tokens[:length], confidence=survival[:length], meta=meta)
 
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
-        if self._verified is not None:
-            n, verified = self._verified
-            self.stats.record(n, verified, len(accepted))
-            self._verified = None
+        if self._drafted is not None:  # every draft the round's tokens can judge, verified or cut
+            n, drafts, start = self._drafted
+            self.stats.record(n, [a == b for a, b in zip(drafts, context[start:])])
+            self._drafted = None
         self._extend(context)
 
 

@@ -137,6 +137,8 @@ def _root_hover(round_: Round, root_text: str | None) -> str:
         values = " · ".join(f"ℓ={i + 1}: {v:.2f}" for i, v in enumerate(schedule["values"]) if isinstance(v, float))
         lines.append(f"confidence schedule: verify {schedule.get('length')} of {drafted} drafts, the ℓ that maximises "
                      f"(1 + Σ survival) ÷ cost(1 + ℓ)<br>{escape(values)} (cost: {escape(str(schedule.get('curve')))})")
+        if isinstance(schedule.get("plain_value"), float):  # a drafter that may verify nothing (ngram:auto)
+            lines.append(f"ℓ=0 (a plain step): {schedule['plain_value']:.2f}; verified only where a prefix beats it")
     return "<br>".join(lines)
 
 
