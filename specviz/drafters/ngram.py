@@ -16,6 +16,8 @@ so it stays lossless (greedy and sampled alike).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -24,6 +26,7 @@ from specviz.engine import cost_curve
 from specviz.engine.cost_curve import CostCurve
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.sampling import SamplingConfig
+from specviz.engine.target import Target
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
 
@@ -159,7 +162,6 @@ class NgramDrafter(Drafter):
         plain = 1.0 / self.schedule.cost(1)  # committed tokens per ms of a round that drafts nothing
         length = plan.length if plan.values[plan.length - 1] > plain else 0
         meta = {"match": {"n": n, "drafted": len(tokens)}, "survival": [round(v, 6) for v in survival],
-                "confidence_head": [round(c, 6) for c in estimates],
                 "pruned": cost_curve.cut_tail(tokens, None, survival, length), "verify_length": length,
                 "schedule": {**plan.to_dict(), "length": length, "plain_value": round(plain, 6),
                              "curve": self.schedule.source}}
@@ -219,7 +221,7 @@ def _check(argument: str) -> str:
     return argument
 
 
-def _build(argument: str, target, settings) -> NgramDrafter:
+def _build(argument: str, target: Target, settings: Mapping[str, Any]) -> NgramDrafter:
     size, scheduled = parse_argument(argument)
     curve = cost_curve.measured(target, SCHEDULE_WIDEST) if scheduled else None
     return NgramDrafter(max_ngram=size, schedule=curve, name=f"ngram:{argument}" if argument else None)
