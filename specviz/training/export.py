@@ -304,8 +304,9 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
 {args.batch_size} sequences of ≤ {args.seq_len} tokens, seed {args.seed}; {summary['train_sequences']} training
 sequences ({summary['train_positions']} trained positions). Data loading took
 {summary['data_seconds'] / 60:.1f} min in the last run (features come from the cache when present); training took
-{summary['train_seconds'] / 60:.1f} min on 2 CPU cores over all its runs (resumed ones included). Final training loss (last logged step):
-{summary['final_loss']:.3f}; top-1 agreement on that batch {summary['final_train_agree']:.3f}{loss_note}.{notes}
+{summary['train_seconds'] / 60:.1f} min on 2 CPU cores over all its runs (resumed ones included). Final
+training loss (last logged step): {summary['final_loss']:.3f}; top-1 agreement on that batch
+{summary['final_train_agree']:.3f}{loss_note}.{notes}
 
 ## Agreement with the target (held-out target answers, teacher-forced)
 {held['sequences']} held-out prompts' greedy target answers ({held['positions']} positions):
