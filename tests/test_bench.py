@@ -187,6 +187,9 @@ def test_k_list_sweeps_chain_lengths_in_one_suite():
     assert names[:3] == ["ngram chain k=1", "ngram chain k=2", "ngram chain k=4"]
     assert names[4:] == ["hf generate (plain)", "hf prompt lookup k=1 n=3"]
     assert specs[3].shape == "tree" and [s.budget.k for s in specs[:3]] == [1, 2, 4]
+    scheduled = build_specs(["ngram", "ngram:auto"], ["chain"], DraftBudget(k=2), hf=True)
+    assert [s.name for s in scheduled] == ["ngram chain k=2", "ngram:auto chain k=2", "hf generate (plain)",
+                                           "hf prompt lookup k=2 n=3"]  # one transformers row for both
     parser, _ = cli.build_parser()
     args = parser.parse_args(["bench", "--drafters", "ngram", "--k", "2,1,7", "--no-hf"])
     command._resolve(args)

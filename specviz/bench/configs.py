@@ -57,7 +57,7 @@ def parse_shapes(text: str) -> list[str]:
 
 
 def ngram_size(spec: str) -> int:
-    """The maximum n of an ``ngram[:N]`` spec."""
+    """The maximum n of an ``ngram[:auto][:N]`` spec."""
     return _ngram_size(registry.parse(spec)[1])
 
 
@@ -101,6 +101,8 @@ def build_specs(
                     note="transformers 5 defaults: num_assistant_tokens=20, constant, confidence threshold 0.4"))
         elif family == "ngram":  # other families have no transformers counterpart
             n = ngram_size(drafter)
+            if any(s.name == f"hf prompt lookup k={chain.k} n={n}" for s in specs):
+                continue  # ngram:auto's counterpart is ngram's: the same prompt lookup, run once
             specs.append(RunSpec(
                 f"hf prompt lookup k={chain.k} n={n}", "hf", drafter, "chain", chain,
                 {"prompt_lookup_num_tokens": chain.k, "max_matching_ngram_size": n},
