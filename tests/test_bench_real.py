@@ -24,7 +24,7 @@ def test_quick_bench_on_the_default_target(capsys, tmp_path):
     table = data["summary"]["table"]
     draft = "model:smollm2-135m-draft"
     # the declared defaults (specviz.settings): chain k = 2, a 2-node tree (width 2, depth 2)
-    shipped = ["ngram", draft, "eagle3", "mtp", "medusa", "dflash", "dspark"]
+    shipped = ["ngram", draft, "eagle3", "mtp", "medusa", "dflash", "dspark", "hybrid"]
     rows = [f"{d} {shape}" for d in shipped for shape in ("chain k=2", "tree w=2 d=2 n<=2")]
     assert list(table) == [PLAIN_ROW, *rows,
                            "hf generate (plain)", "hf prompt lookup k=2 n=3", f"hf assisted {draft} k=2"]

@@ -90,6 +90,9 @@ class NgramDrafter(Drafter):
         self._indexed = 0
         self.stats = AcceptanceStats()
         self._drafted: tuple[int, list[int], int] | None = None  # (matched n, drafts, context length) of a schedule
+        #: What a round that verifies none of the drafts commits per ms, and what it is: a plain step unless a
+        #: caller (the hybrid drafter) sets the value of its own alternative before ``propose``.
+        self.fallback: tuple[float, str] | None = None
 
     def describe(self) -> dict:
         described = {"name": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
@@ -159,11 +162,11 @@ class NgramDrafter(Drafter):
         estimates = [self.stats.estimate(n, j) for j in range(1, len(tokens) + 1)]
         survival = cost_curve.survival(estimates)
         plan = cost_curve.best_prefix(survival, self.schedule, len(tokens))
-        plain = 1.0 / self.schedule.cost(1)  # committed tokens per ms of a round that drafts nothing
+        plain, fallback = self.fallback or (1.0 / self.schedule.cost(1), "a plain step")  # tokens per ms of ℓ = 0
         length = plan.length if plan.values[plan.length - 1] > plain else 0
         meta = {"match": {"n": n, "drafted": len(tokens)}, "survival": [round(v, 6) for v in survival],
                 "pruned": cost_curve.cut_tail(tokens, None, survival, length), "verify_length": length,
-                "schedule": {**plan.to_dict(), "length": length, "plain_value": round(plain, 6),
+                "schedule": {**plan.to_dict(), "length": length, "plain_value": round(plain, 6), "fallback": fallback,
                              "curve": self.schedule.source}}
         return DraftTree.chain(tokens[:length], confidence=survival[:length], meta=meta)
 

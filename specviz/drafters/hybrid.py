@@ -1,0 +1,175 @@
+"""Prompt lookup first, a model drafter where the lookup has nothing worth verifying: ``hybrid[:<drafter spec>]``.
+
+Each round the scheduled n-gram lookup (``ngram:auto``) looks for the context's last n-gram earlier in the text. Where
+a prefix of its match pays, that prefix is the round's draft and the model drafter does not run (it catches up on the
+committed text at its next turn, in one forward); otherwise the model drafter proposes exactly as it would alone.
+"Pays" means beats the model drafter's own rounds: the lookup's best prefix must commit more tokens per millisecond
+(its survival over the target's verify cost) than the model's rounds did so far in this run (their committed tokens
+over their draft time plus verify cost: ``RoundRate``). A lookup costs nothing and, where text repeats (extraction,
+code edits, summaries quoting their source), its matches are long and reliable; a model drafter costs a forward per
+step but still guesses on new text. Serving stacks pair them the same way (suffix or prompt lookup beside a learned
+speculator).
+
+Lossless: which drafter proposes depends only on the committed text and past rounds (the lookup's acceptance and the
+model rounds' rate so far), never on this round's draft tokens, so every round is one drafter's own proposal,
+verified by that proposal's own rule (deterministic lookup drafts by the target-sampling rule, the model's by
+rejection sampling against its q).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from specviz.drafters import registry
+from specviz.drafters.ngram import SCHEDULE_WIDEST, NgramDrafter
+from specviz.drafters.registry import DrafterFamily, register
+from specviz.engine import cost_curve
+from specviz.engine.drafter import DraftBudget, Drafter
+from specviz.engine.features import TargetFeatures
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.target import Target
+from specviz.engine.tree import DraftTree
+from specviz.errors import SpecvizError
+
+NAME = "hybrid"
+#: How the views label a node the lookup drafted (``Round.meta["node_labels"]``).
+LOOKUP_LABEL = "lookup"
+#: The model drafter a bare ``hybrid`` pairs with the lookup: the best model drafter measured (BENCHMARKS.md).
+DEFAULT_PARTNER = "eagle3"
+#: Families that cannot be the model side: the lookup is already there.
+NOT_PARTNERS = ("ngram", NAME)
+
+
+class RoundRate:
+    """Committed tokens per millisecond of a drafter's rounds so far, starting from ``prior_rounds`` plain steps (one
+    token for ``plain_ms``) so that its first rounds do not swing it."""
+
+    def __init__(self, plain_ms: float, prior_rounds: float = 2.0):
+        self.tokens, self.ms = prior_rounds, prior_rounds * plain_ms
+
+    def add(self, tokens: int, ms: float) -> None:
+        self.tokens += tokens
+        self.ms += ms
+
+    @property
+    def value(self) -> float:
+        return self.tokens / self.ms
+
+
+class HybridDrafter(Drafter):
+    """``lookup`` (an ``NgramDrafter`` with a schedule) proposes when a prefix of its match pays, else ``model``.
+
+    The lookup drafts a chain of up to k tokens (under ``--tree``: up to min(depth, node budget)); the model drafter
+    gets the budget as it is. ``source`` is who proposed the last round (``"lookup"`` or the model's name);
+    ``model_rate`` what the model's rounds committed per ms so far (timed with ``clock``, in seconds).
+    """
+
+    def __init__(self, lookup: NgramDrafter, model: Drafter, name: str | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        if lookup.schedule is None:
+            raise SpecvizError("the hybrid drafter's lookup needs a verify-cost curve to schedule on")
+        self.lookup, self.model, self.clock = lookup, model, clock
+        self.name = name or f"{NAME}:{model.name}"
+        self.feature_layers = tuple(model.feature_layers)
+        self.source: str | None = None
+        self.model_rate = RoundRate(lookup.schedule.cost(1))
+        self._model_ms = 0.0  # the model round in flight: its draft time and verify cost so far
+
+    def describe(self) -> dict:
+        model = self.model.describe()
+        described = {"name": self.name, "kind": NAME, "lookup": self.lookup.describe(), "model": model}
+        if "trained" in model:  # the views say how an MTP stack was trained
+            described["trained"] = model["trained"]
+        return described
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.lookup.begin(prompt_ids)
+        self.model.begin(prompt_ids)
+        self.source = None
+        self.model_rate = RoundRate(self.lookup.schedule.cost(1))
+
+    def observe(self, features: TargetFeatures) -> None:
+        self.model.observe(features)
+
+    def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
+                generator: torch.Generator) -> DraftTree:
+        chain = replace(budget, tree=False, k=min(budget.depth, budget.max_nodes)) if budget.tree else budget
+        self.lookup.fallback = (self.model_rate.value, f"{self.model.name}'s rounds so far")
+        tree = self.lookup.propose(context, chain, sampling, generator)
+        if tree.tokens:
+            self.source = "lookup"
+            tree.meta["node_labels"] = [LOOKUP_LABEL] * len(tree.tokens)
+        else:
+            skipped = _skipped(tree.meta)
+            self.source = self.model.name
+            start = self.clock()
+            tree = self.model.propose(context, budget, sampling, generator)
+            self._model_ms = (self.clock() - start) * 1e3 + self.lookup.schedule.cost(1 + len(tree.tokens))
+            if tree.tokens and not any(key in tree.meta for key in ("node_labels", "head", "module")):
+                tree.meta["node_labels"] = [self.model.name] * len(tree.tokens)
+            if skipped:  # a match the lookup judged not worth verifying: the views say what it was worth
+                tree.meta["lookup_skipped"] = skipped
+        tree.meta["source"] = self.source
+        return tree
+
+    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        self.lookup.commit(context, tree, accepted)  # scores its drafts, verified or not, and indexes the new text
+        if self.source != "lookup":
+            start = self.clock()
+            self.model.commit(context, tree, accepted)
+            self.model_rate.add(len(accepted) + 1, self._model_ms + (self.clock() - start) * 1e3)
+
+
+def _skipped(meta: dict) -> dict | None:
+    """What a match the lookup cut to nothing was worth: its n-gram length, drafts, best value and the bar it missed."""
+    match, schedule = meta.get("match"), meta.get("schedule")
+    if not match or not schedule:
+        return None
+    return {**match, "value": max(schedule["values"]), "bar": schedule["plain_value"]}
+
+
+# ---- the family ----------------------------------------------------------------------------------------------
+def _partner(argument: str) -> str:
+    """The model drafter's spec (checked, no model loads): ``argument`` or the default partner."""
+    spec = argument or DEFAULT_PARTNER
+    family, _ = registry.parse(spec, where=f" in {NAME}:{spec}")
+    if family.name in NOT_PARTNERS:
+        raise SpecvizError(f"{NAME} pairs the n-gram lookup with a model drafter; {spec!r} is not one (give e.g. "
+                           f"{NAME}:{DEFAULT_PARTNER} or {NAME}:dspark)")
+    return spec
+
+
+def _check(argument: str) -> str:
+    _partner(argument)
+    return argument
+
+
+def _build(argument: str, target: Target, settings: Mapping[str, Any]) -> HybridDrafter:
+    model = registry.build(_partner(argument), target, settings)
+    lookup = NgramDrafter(schedule=cost_curve.measured(target, SCHEDULE_WIDEST), name="lookup")
+    return HybridDrafter(lookup, model, name=f"{NAME}:{argument}" if argument else NAME)
+
+
+def _ready(target: str) -> list[str]:
+    """The bare spec where the default partner is shipped for ``target`` (other partners: ``hybrid:<spec>``)."""
+    return [""] if registry.get(DEFAULT_PARTNER).shipped(target) else []
+
+
+FAMILY = register(DrafterFamily(
+    name=NAME,
+    syntax=f"{NAME}[:<drafter spec>]",
+    title="lookup + model",
+    description=f"prompt lookup where this run's matches say a prefix pays (as ngram:auto), else the model drafter "
+                f"(any spec but ngram; bare name: {DEFAULT_PARTNER}, the head shipped for the target)",
+    build=_build,
+    check=_check,
+    reads=("stochastic_tree", "min_draft_prob", "draft_vocab", "draft_quant"),
+    features="the model drafter's",
+    checkpoints=_ready,
+    order=90,
+))
