@@ -22,14 +22,17 @@ from test_sampling_lossless import PROMPT as SAMPLING_PROMPT
 from specviz import api
 from specviz.drafters import registry
 from specviz.drafters.eagle import EagleDrafter, build_head, new_head, save_head
-from specviz.drafters.hybrid import LOOKUP_LABEL, HybridDrafter, RoundRate
+from specviz.drafters.hybrid import LOOKUP_LABEL, HybridDrafter, RoundRate, model_labels
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine import accept as accept_module
+from specviz.engine import metrics
 from specviz.engine.accept import Acceptance
 from specviz.engine.cost_curve import CostCurve
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.tree import DraftTree
 from specviz.errors import SpecvizError
+from specviz.viz.charts import run_charts_spec
 from specviz.viz.confidence import confidence_spec
 from specviz.viz.labels import node_labels
 from specviz.viz.tree_figure import tree_spec
@@ -124,6 +127,12 @@ def test_the_views_label_who_drafted(setup):
         if round_.tokens:
             expected = LOOKUP_LABEL if round_.meta["source"] == "lookup" else "eagle3"
             assert node_labels(round_) == [expected] * len(round_.tokens)
+    bars = [trace["name"] for trace in run_charts_spec(metrics.compute(run.rounds, run.elapsed_s), run.rounds)["data"]
+            if trace["type"] == "bar" and trace.get("xaxis") == "x"]
+    assert sorted(name.split(":")[0] for name in bars) == ["eagle3", LOOKUP_LABEL]  # acceptance per drafter
+    medusa = DraftTree.chain([4, 7], meta={"head": [0, 1]})  # Medusa's heads and MTP's modules keep their number
+    assert model_labels(medusa, "medusa") == ["medusa head 1", "medusa head 2"]
+    assert model_labels(DraftTree.chain([4]), "eagle3") == ["eagle3"]
     skipped = [r for r in run.rounds if r.meta["source"] == "eagle3" and r.meta.get("lookup_skipped")]
     assert skipped  # a match the lookup judged not worth verifying, then the model's round
     assert all(r.meta["lookup_skipped"]["value"] <= r.meta["lookup_skipped"]["bar"] for r in skipped)

@@ -110,8 +110,7 @@ class HybridDrafter(Drafter):
             start = self.clock()
             tree = self.model.propose(context, budget, sampling, generator)
             self._model_ms = (self.clock() - start) * 1e3 + self.lookup.schedule.cost(1 + len(tree.tokens))
-            if tree.tokens and not any(key in tree.meta for key in ("node_labels", "head", "module")):
-                tree.meta["node_labels"] = [self.model.name] * len(tree.tokens)
+            tree.meta["node_labels"] = model_labels(tree, self.model.name)
             if skipped:  # a match the lookup judged not worth verifying: the views say what it was worth
                 tree.meta["lookup_skipped"] = skipped
         tree.meta["source"] = self.source
@@ -123,6 +122,16 @@ class HybridDrafter(Drafter):
             start = self.clock()
             self.model.commit(context, tree, accepted)
             self.model_rate.add(len(accepted) + 1, self._model_ms + (self.clock() - start) * 1e3)
+
+
+def model_labels(tree: DraftTree, name: str) -> list[str]:
+    """Each model-drafted node's label: the drafter's name, with the Medusa head or MTP module that drafted it (0-based
+    in ``meta``, 1-based in words, as the views number them), so one run's per-label chart holds both kinds of round."""
+    for key in ("head", "module"):
+        values = tree.meta.get(key)
+        if isinstance(values, list) and len(values) == len(tree.tokens):
+            return [f"{name} {key} {value + 1}" for value in values]
+    return [name] * len(tree.tokens)
 
 
 def _skipped(meta: dict) -> dict | None:
