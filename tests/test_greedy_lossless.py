@@ -7,7 +7,9 @@ from transformers import DynamicCache
 
 from specviz import settings
 from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.drafters.hybrid import HybridDrafter
 from specviz.drafters.ngram import NgramDrafter
+from specviz.engine.cost_curve import CostCurve
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
 from specviz.engine.verify import prefill
@@ -48,6 +50,9 @@ DRAFTERS = {
     "self-model": lambda target, other: DraftModelDrafter(target.model, VOCAB),  # everything accepted
     "half-vocab-model": lambda target, other: DraftModelDrafter(other, VOCAB, draft_vocab=VOCAB // 2),
     "ngram": lambda target, other: NgramDrafter(max_ngram=3),
+    # lookup rounds and draft-model rounds interleaved: the draft catches up on the text it sat out
+    "hybrid-model": lambda target, other: HybridDrafter(
+        NgramDrafter(schedule=CostCurve.from_points({1: 10.0, 2: 12.0, 9: 30.0})), DraftModelDrafter(other, VOCAB)),
 }
 
 @pytest.mark.parametrize("budget", SHAPES, ids=lambda b: b.describe().replace(" ", "_"))
@@ -65,6 +70,8 @@ def test_greedy_matches_plain(setup, drafter_name, budget):
             assert all(len(r.accepted) == min(budget.k, NEW_TOKENS - r.start) or r.finished for r in run.rounds)
     if drafter_name == "other-model":
         assert any(not r.accepted and r.extra_kind == "correction" for r in run.rounds)
+    if drafter_name == "hybrid-model":
+        assert {r.meta["source"] for r in run.rounds} == {"lookup", "draft-model"}
 
 def test_rounds_cover_full_acceptance_and_full_rejection(setup):
     target, other, _ = setup
