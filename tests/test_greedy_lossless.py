@@ -18,6 +18,7 @@ from specviz.errors import SpecvizError
 VOCAB = 64
 NEW_TOKENS = 120
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
+RISING = CostCurve.from_points({1: 10.0, 2: 12.0, 9: 30.0})  # the hybrid's lookup: verifying more costs more
 SHAPES = [
     DraftBudget(k=1),
     DraftBudget(k=4),
@@ -51,8 +52,9 @@ DRAFTERS = {
     "half-vocab-model": lambda target, other: DraftModelDrafter(other, VOCAB, draft_vocab=VOCAB // 2),
     "ngram": lambda target, other: NgramDrafter(max_ngram=3),
     # lookup rounds and draft-model rounds interleaved: the draft catches up on the text it sat out
-    "hybrid-model": lambda target, other: HybridDrafter(
-        NgramDrafter(schedule=CostCurve.from_points({1: 10.0, 2: 12.0, 9: 30.0})), DraftModelDrafter(other, VOCAB)),
+    "hybrid-model": lambda target, other: HybridDrafter(NgramDrafter(schedule=RISING), DraftModelDrafter(other, VOCAB)),
+    "hybrid-self-model": lambda target, other: HybridDrafter(NgramDrafter(schedule=RISING),
+                                                             DraftModelDrafter(target.model, VOCAB)),
 }
 
 @pytest.mark.parametrize("budget", SHAPES, ids=lambda b: b.describe().replace(" ", "_"))
@@ -70,8 +72,13 @@ def test_greedy_matches_plain(setup, drafter_name, budget):
             assert all(len(r.accepted) == min(budget.k, NEW_TOKENS - r.start) or r.finished for r in run.rounds)
     if drafter_name == "other-model":
         assert any(not r.accepted and r.extra_kind == "correction" for r in run.rounds)
-    if drafter_name == "hybrid-model":
-        assert {r.meta["source"] for r in run.rounds} == {"lookup", "draft-model"}
+    if drafter_name.startswith("hybrid"):
+        assert {"lookup", "draft-model"} <= {r.meta["source"] for r in run.rounds}
+    if drafter_name == "hybrid-self-model":  # the model's rounds are all accepted, after lookup rounds too
+        model_rounds = [r for r in run.rounds if r.meta["source"] == "draft-model"]
+        assert all(len(r.accepted) == len(r.tokens) or budget.tree for r in model_rounds)
+        first_lookup = next(r.index for r in run.rounds if r.meta["source"] == "lookup")
+        assert any(r.accepted and r.index > first_lookup for r in model_rounds)
 
 def test_rounds_cover_full_acceptance_and_full_rejection(setup):
     target, other, _ = setup

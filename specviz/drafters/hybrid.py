@@ -41,6 +41,9 @@ NAME = "hybrid"
 LOOKUP_LABEL = "lookup"
 #: The model drafter a bare ``hybrid`` pairs with the lookup: the best model drafter measured (BENCHMARKS.md).
 DEFAULT_PARTNER = "eagle3"
+#: Where the model's rounds commit fewer tokens per ms than plain steps, rounds the lookup sits out are plain steps,
+#: except every ``RETRY_AFTER``-th, which lets the model drafter try again (its rate is re-measured, never frozen).
+RETRY_AFTER = 8
 #: Families that cannot be the model side: the lookup is already there.
 NOT_PARTNERS = ("ngram", NAME)
 
@@ -65,8 +68,10 @@ class HybridDrafter(Drafter):
     """``lookup`` (an ``NgramDrafter`` with a schedule) proposes when a prefix of its match pays, else ``model``.
 
     The lookup drafts a chain of up to k tokens (under ``--tree``: up to min(depth, node budget)); the model drafter
-    gets the budget as it is. ``source`` is who proposed the last round (``"lookup"`` or the model's name);
-    ``model_rate`` what the model's rounds committed per ms so far (timed with ``clock``, in seconds).
+    gets the budget as it is. Where the model's rounds so far did worse than plain steps, the round is a plain step
+    (no draft) unless the model sat out ``RETRY_AFTER`` rounds. ``source`` is who proposed the last round
+    (``"lookup"``, the model's name, or ``"none"``); ``model_rate`` what the model's rounds committed per ms so far
+    (timed with ``clock``, in seconds).
     """
 
     def __init__(self, lookup: NgramDrafter, model: Drafter, name: str | None = None,
@@ -79,6 +84,7 @@ class HybridDrafter(Drafter):
         self.source: str | None = None
         self.model_rate = RoundRate(lookup.schedule.cost(1))
         self._model_ms = 0.0  # the model round in flight: its draft time and verify cost so far
+        self._idle = 0  # rounds since the model last drafted
 
     def describe(self) -> dict:
         model = self.model.describe()
@@ -92,6 +98,7 @@ class HybridDrafter(Drafter):
         self.model.begin(prompt_ids)
         self.source = None
         self.model_rate = RoundRate(self.lookup.schedule.cost(1))
+        self._idle = 0
 
     def observe(self, features: TargetFeatures) -> None:
         self.model.observe(features)
@@ -99,18 +106,25 @@ class HybridDrafter(Drafter):
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator) -> DraftTree:
         chain = replace(budget, tree=False, k=min(budget.depth, budget.max_nodes)) if budget.tree else budget
-        self.lookup.fallback = (self.model_rate.value, f"{self.model.name}'s rounds so far")
+        plain, model = 1.0 / self.lookup.schedule.cost(1), self.model_rate.value
+        self.lookup.fallback = (model, f"{self.model.name}'s rounds so far") if model >= plain else None
         tree = self.lookup.propose(context, chain, sampling, generator)
         if tree.tokens:
             self.source = "lookup"
             tree.meta["node_labels"] = [LOOKUP_LABEL] * len(tree.tokens)
+            self._idle += 1
         else:
             skipped = _skipped(tree.meta)
-            self.source = self.model.name
-            start = self.clock()
-            tree = self.model.propose(context, budget, sampling, generator)
-            self._model_ms = (self.clock() - start) * 1e3 + self.lookup.schedule.cost(1 + len(tree.tokens))
-            tree.meta["node_labels"] = model_labels(tree, self.model.name)
+            if model >= plain or self._idle >= RETRY_AFTER:
+                self.source, self._idle = self.model.name, 0
+                start = self.clock()
+                tree = self.model.propose(context, budget, sampling, generator)
+                self._model_ms = (self.clock() - start) * 1e3 + self.lookup.schedule.cost(1 + len(tree.tokens))
+                tree.meta["node_labels"] = model_labels(tree, self.model.name)
+            else:  # the model's rounds have done worse than plain steps: take one
+                self.source, self._idle = "none", self._idle + 1
+                tree = DraftTree.empty()
+                tree.meta["model_rate"] = {"value": round(model, 6), "plain_value": round(plain, 6)}
             if skipped:  # a match the lookup judged not worth verifying: the views say what it was worth
                 tree.meta["lookup_skipped"] = skipped
         tree.meta["source"] = self.source
@@ -118,7 +132,7 @@ class HybridDrafter(Drafter):
 
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         self.lookup.commit(context, tree, accepted)  # scores its drafts, verified or not, and indexes the new text
-        if self.source != "lookup":
+        if self.source == self.model.name:
             start = self.clock()
             self.model.commit(context, tree, accepted)
             self.model_rate.add(len(accepted) + 1, self._model_ms + (self.clock() - start) * 1e3)
@@ -139,7 +153,8 @@ def _skipped(meta: dict) -> dict | None:
     match, schedule = meta.get("match"), meta.get("schedule")
     if not match or not schedule:
         return None
-    return {**match, "value": max(schedule["values"]), "bar": schedule["plain_value"]}
+    return {**match, "value": max(schedule["values"]), "bar": schedule["plain_value"],
+            "against": schedule.get("fallback") or "a plain step"}
 
 
 # ---- the family ----------------------------------------------------------------------------------------------
