@@ -5,13 +5,15 @@ a prefix of its match pays, that prefix is the round's draft and the model draft
 committed text at its next turn, in one forward); otherwise the model drafter proposes exactly as it would alone.
 "Pays" means beats the model drafter's own rounds: the lookup's best prefix must commit more tokens per millisecond
 (its survival over the target's verify cost) than the model's rounds did so far in this run (their committed tokens
-over their draft time plus verify cost: ``RoundRate``). A lookup costs nothing and, where text repeats (extraction,
-code edits, summaries quoting their source), its matches are long and reliable; a model drafter costs a forward per
-step but still guesses on new text. Serving stacks pair them the same way (suffix or prompt lookup beside a learned
-speculator).
+over their draft time plus verify cost: ``RoundRate``). Where those rounds did worse than plain steps (a weak head on
+this text), the rounds the lookup sits out are plain steps, with a model round every ``RETRY_AFTER`` to re-measure.
 
-Lossless: which drafter proposes depends only on the committed text and past rounds (the lookup's acceptance and the
-model rounds' rate so far), never on this round's draft tokens, so every round is one drafter's own proposal,
+A lookup costs nothing and, where text repeats (extraction, code edits, summaries quoting their source), its matches
+are long and reliable; a model drafter costs a forward per step but still guesses on new text. Serving stacks pair
+them the same way (suffix or prompt lookup beside a learned speculator).
+
+Lossless: who proposes depends only on the committed text and past rounds (the lookup's acceptance and the model
+rounds' rate so far), never on this round's draft tokens, so every round is one drafter's own proposal,
 verified by that proposal's own rule (deterministic lookup drafts by the target-sampling rule, the model's by
 rejection sampling against its q).
 """
