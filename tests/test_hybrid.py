@@ -22,7 +22,7 @@ from test_sampling_lossless import PROMPT as SAMPLING_PROMPT
 from specviz import api
 from specviz.drafters import registry
 from specviz.drafters.eagle import EagleDrafter, build_head, new_head, save_head
-from specviz.drafters.hybrid import LOOKUP_LABEL, RETRY_AFTER, HybridDrafter, RoundRate, model_labels
+from specviz.drafters.hybrid import LOOKUP_LABEL, HybridDrafter, RoundRate, model_labels
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine import accept as accept_module
 from specviz.engine import metrics
@@ -96,26 +96,6 @@ def test_the_model_catches_up_after_rounds_it_sat_out(setup):
             checked += 1
         context += round_.committed
     assert checked
-
-
-def test_a_model_worse_than_plain_steps_gives_way_and_retries(setup):
-    """An untrained head's rounds commit less per ms than plain steps: the rounds the lookup sits out become plain
-    steps, with a model round every RETRY_AFTER rounds so its rate is re-measured; output unchanged."""
-    targets, _ = setup
-    target, config = targets["hf"], GenerationConfig(max_new_tokens=96)
-    random_head = new_head(target.model, "eagle3", seed=7)
-    run = generate(target, REPEATING, config, hybrid(random_head, target, curve=STEEP), DraftBudget(k=2))
-    assert run.token_ids == plain_decode(target, REPEATING, config).token_ids
-    sources = [r.meta["source"] for r in run.rounds]
-    plain = [i for i, source in enumerate(sources) if source == "none"]
-    assert plain and all(not run.rounds[i].tokens for i in plain)
-    assert all(run.rounds[i].meta["model_rate"]["value"] < run.rounds[i].meta["model_rate"]["plain_value"]
-               for i in plain)
-    model = [i for i, source in enumerate(sources) if source == "eagle3"]
-    assert any(i > plain[0] for i in model)  # tried again after it gave way
-    gaps = [b - a for a, b in zip(model, model[1:]) if a > plain[0]]
-    assert all(gap <= RETRY_AFTER + 1 for gap in gaps)
-    assert "a plain step: the model drafter's rounds so far made" in str(tree_spec(run.rounds[plain[0]])["data"])
 
 
 def test_the_lookup_must_beat_the_model_rounds_rate():

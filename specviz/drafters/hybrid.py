@@ -5,8 +5,9 @@ a prefix of its match pays, that prefix is the round's draft and the model draft
 committed text at its next turn, in one forward); otherwise the model drafter proposes exactly as it would alone.
 "Pays" means beats the model drafter's own rounds: the lookup's best prefix must commit more tokens per millisecond
 (its survival over the target's verify cost) than the model's rounds did so far in this run (their committed tokens
-over their draft time plus verify cost: ``RoundRate``). Where those rounds did worse than plain steps (a weak head on
-this text), the rounds the lookup sits out are plain steps, with a model round every ``RETRY_AFTER`` to re-measure.
+over their draft time plus verify cost: ``RoundRate``). The model drafts in every round the lookup sits out, even
+where its rounds do a little worse than plain steps: skipping it there was tried and measured slower (bench run 35,
+BENCHMARKS.md), the rate being too noisy a guide at that margin.
 
 A lookup costs nothing and, where text repeats (extraction, code edits, summaries quoting their source), its matches
 are long and reliable; a model drafter costs a forward per step but still guesses on new text. Serving stacks pair
@@ -43,9 +44,6 @@ NAME = "hybrid"
 LOOKUP_LABEL = "lookup"
 #: The model drafter a bare ``hybrid`` pairs with the lookup: the best model drafter measured (BENCHMARKS.md).
 DEFAULT_PARTNER = "eagle3"
-#: Where the model's rounds commit fewer tokens per ms than plain steps, rounds the lookup sits out are plain steps,
-#: except every ``RETRY_AFTER``-th, which lets the model drafter try again (its rate is re-measured, never frozen).
-RETRY_AFTER = 8
 #: Families that cannot be the model side: the lookup is already there.
 NOT_PARTNERS = ("ngram", NAME)
 
@@ -70,10 +68,8 @@ class HybridDrafter(Drafter):
     """``lookup`` (an ``NgramDrafter`` with a schedule) proposes when a prefix of its match pays, else ``model``.
 
     The lookup drafts a chain of up to k tokens (under ``--tree``: up to min(depth, node budget)); the model drafter
-    gets the budget as it is. Where the model's rounds so far did worse than plain steps, the round is a plain step
-    (no draft) unless the model sat out ``RETRY_AFTER`` rounds. ``source`` is who proposed the last round
-    (``"lookup"``, the model's name, or ``"none"``); ``model_rate`` what the model's rounds committed per ms so far
-    (timed with ``clock``, in seconds).
+    gets the budget as it is. ``source`` is who proposed the last round (``"lookup"`` or the model's name);
+    ``model_rate`` what the model's rounds committed per ms so far (timed with ``clock``, in seconds).
     """
 
     def __init__(self, lookup: NgramDrafter, model: Drafter, name: str | None = None,
@@ -86,7 +82,6 @@ class HybridDrafter(Drafter):
         self.source: str | None = None
         self.model_rate = RoundRate(lookup.schedule.cost(1))
         self._model_ms = 0.0  # the model round in flight: its draft time and verify cost so far
-        self._idle = 0  # rounds since the model last drafted
 
     def describe(self) -> dict:
         model = self.model.describe()
@@ -100,7 +95,6 @@ class HybridDrafter(Drafter):
         self.model.begin(prompt_ids)
         self.source = None
         self.model_rate = RoundRate(self.lookup.schedule.cost(1))
-        self._idle = 0
 
     def observe(self, features: TargetFeatures) -> None:
         self.model.observe(features)
@@ -108,25 +102,18 @@ class HybridDrafter(Drafter):
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator) -> DraftTree:
         chain = replace(budget, tree=False, k=min(budget.depth, budget.max_nodes)) if budget.tree else budget
-        plain, model = 1.0 / self.lookup.schedule.cost(1), self.model_rate.value
-        self.lookup.fallback = (model, f"{self.model.name}'s rounds so far") if model >= plain else None
+        self.lookup.fallback = (self.model_rate.value, f"{self.model.name}'s rounds so far")
         tree = self.lookup.propose(context, chain, sampling, generator)
         if tree.tokens:
             self.source = "lookup"
             tree.meta["node_labels"] = [LOOKUP_LABEL] * len(tree.tokens)
-            self._idle += 1
         else:
             skipped = _skipped(tree.meta)
-            if model >= plain or self._idle >= RETRY_AFTER:
-                self.source, self._idle = self.model.name, 0
-                start = self.clock()
-                tree = self.model.propose(context, budget, sampling, generator)
-                self._model_ms = (self.clock() - start) * 1e3 + self.lookup.schedule.cost(1 + len(tree.tokens))
-                tree.meta["node_labels"] = model_labels(tree, self.model.name)
-            else:  # the model's rounds have done worse than plain steps: take one
-                self.source, self._idle = "none", self._idle + 1
-                tree = DraftTree.empty()
-                tree.meta["model_rate"] = {"value": round(model, 6), "plain_value": round(plain, 6)}
+            self.source = self.model.name
+            start = self.clock()
+            tree = self.model.propose(context, budget, sampling, generator)
+            self._model_ms = (self.clock() - start) * 1e3 + self.lookup.schedule.cost(1 + len(tree.tokens))
+            tree.meta["node_labels"] = model_labels(tree, self.model.name)
             if skipped:  # a match the lookup judged not worth verifying: the views say what it was worth
                 tree.meta["lookup_skipped"] = skipped
         tree.meta["source"] = self.source
@@ -134,7 +121,7 @@ class HybridDrafter(Drafter):
 
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         self.lookup.commit(context, tree, accepted)  # scores its drafts, verified or not, and indexes the new text
-        if self.source == self.model.name:
+        if self.source != "lookup":
             start = self.clock()
             self.model.commit(context, tree, accepted)
             self.model_rate.add(len(accepted) + 1, self._model_ms + (self.clock() - start) * 1e3)

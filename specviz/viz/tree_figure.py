@@ -144,10 +144,6 @@ def _root_hover(round_: Round, root_text: str | None) -> str:
     if isinstance(skipped, dict) and all(isinstance(skipped.get(k), int | float) for k in ("n", "value", "bar")):
         lines.append(f"lookup sat out: its {skipped['n']}-gram match was worth {skipped['value']:.3f} tokens/ms, "
                      f"under the {skipped['bar']:.3f} of {escape(str(skipped.get('against')))}")
-    rate = round_.meta.get("model_rate")
-    if isinstance(rate, dict) and all(isinstance(rate.get(k), int | float) for k in ("value", "plain_value")):
-        lines.append(f"a plain step: the model drafter's rounds so far made {rate['value']:.3f} tokens/ms, "
-                     f"plain steps {rate['plain_value']:.3f}")
     return "<br>".join(lines)
 
 
