@@ -15,7 +15,7 @@ import pytest
 import tiny
 import torch
 from test_eagle import LAYERS, fit, sampling_head
-from test_ngram_schedule import REPEATING
+from test_ngram_schedule import REPEATING, trust_every_draft
 from test_sampling_lossless import CONFIG, FAIL_P, PASS_P, Table, V, chi_square_p
 from test_sampling_lossless import PROMPT as SAMPLING_PROMPT
 
@@ -26,7 +26,6 @@ from specviz.drafters.hybrid import LOOKUP_LABEL, HybridDrafter, RoundRate, mode
 from specviz.drafters.ngram import NgramDrafter
 from specviz.engine import accept as accept_module
 from specviz.engine import metrics
-from specviz.engine.accept import Acceptance
 from specviz.engine.cost_curve import CostCurve
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
@@ -166,11 +165,7 @@ def test_sampled_output_keeps_the_target_distribution():
 
 
 def test_a_verifier_that_trusts_lookup_drafts_is_detected(monkeypatch):
-    def trusting(tree, choice, rule):
-        path = list(range(len(tree.tokens)))
-        return Acceptance(path, int(choice[len(path)]), "bonus", rule, [])
-
-    monkeypatch.setattr(accept_module, "walk_target_choice", trusting)
+    trust_every_draft(monkeypatch)
     counts, exact, _ = sampled_counts(400)
     assert chi_square_p(counts, exact) < FAIL_P
 

@@ -137,13 +137,18 @@ def test_sampled_scheduled_chains_keep_the_target_distribution():
     assert chi_square_p(counts, exact) > PASS_P
 
 
-def test_a_verifier_that_trusts_the_drafts_is_detected(monkeypatch):
-    """Control: accepting every deterministic draft instead of drawing from the target biases the output."""
+def trust_every_draft(monkeypatch) -> None:
+    """Break the target-sampling rule: accept every deterministic draft instead of drawing from the target."""
     def trusting(tree, choice, rule):
         path = list(range(len(tree.tokens)))
         return Acceptance(path, int(choice[len(path)]), "bonus", rule, [])
 
     monkeypatch.setattr(accept_module, "walk_target_choice", trusting)
+
+
+def test_a_verifier_that_trusts_the_drafts_is_detected(monkeypatch):
+    """Control: accepting every deterministic draft instead of drawing from the target biases the output."""
+    trust_every_draft(monkeypatch)
     counts, exact, _ = sampled_pairs(300)
     assert chi_square_p(counts, exact) < FAIL_P
 
