@@ -110,7 +110,7 @@ def test_the_lookup_must_beat_the_model_rounds_rate():
     lookup.fallback = (rate.value, "a faster drafter")
     tree = lookup.propose(context, DraftBudget(k=4), CONFIG, torch.Generator())
     assert tree.tokens == [] and tree.meta["schedule"]["fallback"] == "a faster drafter"
-    assert tree.meta["schedule"]["plain_value"] == pytest.approx(5 / 30, abs=1e-6)
+    assert tree.meta["schedule"]["fallback_value"] == pytest.approx(5 / 30, abs=1e-6)
 
 
 def test_the_views_label_who_drafted(setup):

@@ -142,7 +142,7 @@ def _skipped(meta: dict) -> dict | None:
     match, schedule = meta.get("match"), meta.get("schedule")
     if not match or not schedule:
         return None
-    return {**match, "value": max(schedule["values"]), "bar": schedule["plain_value"],
+    return {**match, "value": max(schedule["values"]), "bar": schedule["fallback_value"],
             "against": schedule.get("fallback") or "a plain step"}
 
 

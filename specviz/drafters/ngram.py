@@ -162,11 +162,11 @@ class NgramDrafter(Drafter):
         estimates = [self.stats.estimate(n, j) for j in range(1, len(tokens) + 1)]
         survival = cost_curve.survival(estimates)
         plan = cost_curve.best_prefix(survival, self.schedule, len(tokens))
-        plain, fallback = self.fallback or (1.0 / self.schedule.cost(1), "a plain step")  # tokens per ms of ℓ = 0
-        length = plan.length if plan.values[plan.length - 1] > plain else 0
+        bar, fallback = self.fallback or (1.0 / self.schedule.cost(1), "a plain step")  # tokens per ms of ℓ = 0
+        length = plan.length if plan.values[plan.length - 1] > bar else 0
         meta = {"match": {"n": n, "drafted": len(tokens)}, "survival": [round(v, 6) for v in survival],
                 "pruned": cost_curve.cut_tail(tokens, None, survival, length), "verify_length": length,
-                "schedule": {**plan.to_dict(), "length": length, "plain_value": round(plain, 6), "fallback": fallback,
+                "schedule": {**plan.to_dict(), "length": length, "fallback_value": round(bar, 6), "fallback": fallback,
                              "curve": self.schedule.source}}
         return DraftTree.chain(tokens[:length], confidence=survival[:length], meta=meta)
 
