@@ -259,6 +259,7 @@ def test_cli_end_to_end_exports_a_loadable_fp16_drafter(tmp_path):
     assert metrics["steps"] == 4 and "top1_agreement" in metrics["heldout"]
     card = (export / "README.md").read_text()
     assert "tiny-draft" in card and "--steps 4" in card and "No benchmark prompt was trained on" in card
+    assert "templates over corpus passages (" in card and "stdlib" not in card  # only the sources it was given
     clear_cache()
     draft = load_model(str(export), role="draft")
     assert json.loads((export / "config.json").read_text())["dtype"] == "float16"

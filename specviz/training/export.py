@@ -272,6 +272,9 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
     precision = "; bf16 autocast, fp32 weights" if getattr(args, "autocast", None) else ""
     head = summary["kind"] in EAGLE_KINDS
     stdlib = f", and {args.stdlib_files} Python stdlib files" if "stdlib" in args.data else ""
+    tasks = "summarise, answer from a passage, translate, extract, continue a story"
+    sources = (f"corpus passages and stdlib functions ({tasks}, explain/review/test code)" if stdlib
+               else f"corpus passages ({tasks})")
     if head:
         about, architecture = _eagle_about(summary, cfg, size)
     elif summary["kind"] == "draft-lm":
@@ -290,8 +293,8 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
 
 ## Data (built by the training command)
 - Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
-  {trained_prompts} generated prompts: templates over corpus passages and stdlib functions (summarise, answer from a
-  passage, translate, extract, continue a story, explain/review/test code), generated math word problems and
+  {trained_prompts} generated prompts: templates over {sources},
+  generated math word problems and
   general questions (science, history, writing, role-play, reasoning, coding).
 {_prompt_file_data(args)}
 - {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,
