@@ -160,8 +160,9 @@ SETTINGS: tuple[Setting, ...] = (
              "0 = the whole vocabulary)", "draft vocabulary (first N token ids)", low=0, high=1 << 20, ui="number",
              drafter_only=True),
     _setting("draft_quant", str, "off",
-             "draft weights on CPU: off, or int8 (int8/fp16 weights for the draft only; the target still verifies "
-             "in full precision, so the output is unchanged)", "draft model weights", choices=("off", "int8"),
+             "draft weights on CPU: off, or int8 (a draft model's projections in int8/fp16, a head's or block "
+             "drafter's output layer in int8; the target still verifies in full precision, so the output is "
+             "unchanged)", "draft weights", choices=("off", "int8"),
              drafter_only=True),
 )
 

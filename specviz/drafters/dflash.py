@@ -51,7 +51,7 @@ from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
 from specviz.drafters import dflash_layouts as layouts
 from specviz.drafters.checkpoint_files import read_tensors
 from specviz.drafters.dflash_layouts import BlockSpec
-from specviz.drafters.head_parts import GatedMLP, fresh, rotate_half, shallow_copy, target_parts
+from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rotate_half, target_parts
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine import cost_curve
@@ -149,6 +149,7 @@ class DFlashBackbone(nn.Module):
         # float32 frequencies outside the module's buffers: a ``.to(float16)`` for saving must not round them
         self._rope = (rotary.inv_freq.detach().float().clone(), float(rotary.attention_scaling))
         self._borrowed = {"embedding": embedding.detach(), "output": output}
+        self._output_op = None  # inference copies with draft_quant: the output rows in int8
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -210,6 +211,8 @@ class DFlashBackbone(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Base logits ``[..., V]`` of normed outputs, through the target's output layer."""
+        if self._output_op is not None:
+            return self._output_op(hidden).to(hidden.dtype)
         layer = self._borrowed["output"]
         return layer(hidden.to(layer.weight.dtype)).to(hidden.dtype)
 
@@ -249,15 +252,11 @@ class DFlashBackbone(nn.Module):
                    mask=mask)
         return out.reshape(batch, count, size, -1)[:, :, spec.first_output:]
 
-    def for_inference(self) -> DFlashBackbone:
+    def for_inference(self, draft_quant: str = "off") -> DFlashBackbone:
         """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run (as
-        the fast target path does); the module itself stays trainable."""
-        from specviz.models import fast_forward
-
-        weight = self.fc.weight
-        if not fast_forward.available(str(weight.device), weight.dtype):
-            return self
-        return shallow_copy(self, fast_forward.packed_linear)
+        the fast target path does), the output layer in int8 with ``draft_quant="int8"`` (else the target's own,
+        as it runs there); the module itself stays trainable."""
+        return inference_copy(self, self.fc.weight, self._borrowed["output"].weight, draft_quant, rows_packed=True)
 
 
 # ---- building, saving and loading ---------------------------------------------------------------------------------
@@ -394,17 +393,20 @@ class BlockDrafter(Drafter):
     """What DFlash and DSpark share: the injected-context cache and one block forward per round.
 
     ``vocab_size``: the target's logits width. ``pack``: run the drafter through pre-packed CPU kernels (same
-    weights; a separate copy of the module, the given one stays trainable).
+    weights; a separate copy of the module, the given one stays trainable). ``draft_quant="int8"``: the output
+    layer in int8 for drafting (``head_parts.output_projection``).
     """
 
     kind = "dflash"
 
-    def __init__(self, model: DFlashBackbone, vocab_size: int, name: str | None = None, pack: bool = True):
+    def __init__(self, model: DFlashBackbone, vocab_size: int, name: str | None = None, pack: bool = True,
+                 draft_quant: str = "off"):
         if model.spec.vocab_size != vocab_size:
             raise SpecvizError(f"the drafter drafts over {model.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.model = model.eval()
-        self.runner = model.for_inference() if pack else self.model
+        self.runner = drafting_copy(self.model, pack, draft_quant)
+        self.draft_quant = draft_quant
         self.spec = model.spec
         self.vocab_size = vocab_size
         self.name = name or self.kind
@@ -424,7 +426,7 @@ class BlockDrafter(Drafter):
         return {"name": self.name, "kind": self.kind, "block_size": spec.block_size, "drafts": spec.drafts,
                 "anchor_predicts": spec.anchor_predicts, "mask_token_id": spec.mask_token_id,
                 "feature_layers": list(self.feature_layers), "feature_numbering": NUMBERING,
-                "draft_layers": spec.num_layers}
+                "draft_layers": spec.num_layers, "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._cache = DynamicCache()  # preallocated layers: cropping the block away is a length change
@@ -527,8 +529,8 @@ class DSparkDrafter(BlockDrafter):
     kind = "dspark"
 
     def __init__(self, model: DFlashBackbone, vocab_size: int, name: str | None = None, *, schedule: bool = True,
-                 cost_curve: CostCurve | None = None, pack: bool = True):
-        super().__init__(model, vocab_size, name, pack)
+                 cost_curve: CostCurve | None = None, pack: bool = True, draft_quant: str = "off"):
+        super().__init__(model, vocab_size, name, pack, draft_quant)
         self.schedule = schedule
         self.cost_curve = cost_curve or CostCurve.flat("flat (no curve given)")
 
@@ -617,10 +619,12 @@ def _builder(kind: str):
             raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name} yet; give {kind}:<dir or hub id>")
         model = load_drafter(folder, target.model, kind=kind)
         name = f"{kind}:{argument}" if argument else kind
+        quant = settings["draft_quant"]
         if kind == "dflash":
-            return DFlashDrafter(model, target.vocab_size, name=name)
+            return DFlashDrafter(model, target.vocab_size, name=name, draft_quant=quant)
         curve = cost_curve.measured(target, model.spec.drafts + 1) if scheduled else None
-        return DSparkDrafter(model, target.vocab_size, name=name, schedule=scheduled, cost_curve=curve)
+        return DSparkDrafter(model, target.vocab_size, name=name, schedule=scheduled, cost_curve=curve,
+                             draft_quant=quant)
     return build
 
 
@@ -640,6 +644,7 @@ FAMILIES = {kind: register(DrafterFamily(
     title=TITLES[kind],
     description=DESCRIPTIONS[kind],
     build=_builder(kind),
+    reads=("draft_quant",),
     feature_layers=layouts.default_feature_layers,
     features=FEATURES,
     checkpoints=checkpoint_files.shipped(kind),

@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
 from specviz.drafters.eagle_layouts import HeadSpec
-from specviz.drafters.head_parts import GatedMLP, fresh, rope_attention, shallow_copy, target_parts
+from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rope_attention, target_parts
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget, Drafter
@@ -236,21 +236,12 @@ class EagleHead(nn.Module):
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
     # ---- inference copy -----------------------------------------------------------------------------------------
-    def for_inference(self) -> EagleHead:
+    def for_inference(self, draft_quant: str = "off") -> EagleHead:
         """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run
-        (as the fast target path does); the output rows are gathered once. The head itself stays trainable."""
-        from specviz.models import fast_forward
-
-        weight = self.fc.weight
-        if not fast_forward.available(str(weight.device), weight.dtype):
-            return self
-        fast = shallow_copy(self, fast_forward.packed_linear)  # packs lm_head too, when the head has its own
-        if self.lm_head is not None or (self.d2t is None and self._borrowed["output_packed"]):
-            return fast  # own rows packed above, or the fast target's own (already packed) output layer
-        rows = self.output_weight().detach()
-        if fast_forward.available(str(rows.device), rows.dtype):
-            fast._output_op = fast_forward.packed_linear(rows.contiguous())
-        return fast
+        (as the fast target path does); the output rows are gathered once, in int8 with ``draft_quant="int8"``.
+        The head itself stays trainable."""
+        own_rows_packed = self.lm_head is not None or (self.d2t is None and self._borrowed["output_packed"])
+        return inference_copy(self, self.fc.weight, self.output_weight(), draft_quant, rows_packed=own_rows_packed)
 
 
 def ttt_mask(length: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -400,16 +391,18 @@ class EagleDrafter(Drafter):
 
     ``vocab_size``: the target's logits width. ``stochastic_tree``: at temperature > 0 draw tree children from q
     (verified by rejection sampling) instead of taking the top-w. ``pack``: run the head through pre-packed CPU
-    kernels (same weights; a separate copy of the module, the given head stays trainable).
+    kernels (same weights; a separate copy of the module, the given head stays trainable). ``draft_quant="int8"``:
+    its output rows in int8 (``head_parts.output_projection``).
     """
 
     def __init__(self, head: EagleHead, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
-                 pack: bool = True):
+                 pack: bool = True, draft_quant: str = "off"):
         if head.spec.vocab_size > vocab_size:
             raise SpecvizError(f"the head drafts over {head.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.head = head.eval()
-        self.runner = head.for_inference() if pack else self.head
+        self.runner = drafting_copy(self.head, pack, draft_quant)
+        self.draft_quant = draft_quant
         self.vocab_size = vocab_size
         self.name = name or head.kind
         self.stochastic_tree = stochastic_tree
@@ -427,7 +420,8 @@ class EagleDrafter(Drafter):
         return {"name": self.name, "kind": spec.kind, "feature_layers": list(self.feature_layers),
                 "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
                 "draft_vocab": spec.draft_vocab_size if spec.reduced_vocab else None,
-                "stochastic_tree": self.stochastic_tree}
+                "stochastic_tree": self.stochastic_tree,
+                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     @property
     def head_cache(self):
@@ -533,7 +527,8 @@ def _builder(kind: str):
             raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name}; give {kind}:<dir or hub id>")
         head = load_head(source, target.model, kind=kind)
         name = f"{kind}:{argument}" if argument else kind
-        return EagleDrafter(head, target.vocab_size, name=name, stochastic_tree=bool(settings["stochastic_tree"]))
+        return EagleDrafter(head, target.vocab_size, name=name, stochastic_tree=bool(settings["stochastic_tree"]),
+                            draft_quant=settings["draft_quant"])
     return build
 
 
@@ -546,7 +541,7 @@ FAMILIES = {kind: register(DrafterFamily(
                  "a one-layer head drafting from three target layers, low/mid/high (EAGLE-3; EAGLE-2's dynamic "
                  "tree with --tree)") + "; bare name: the head shipped for the target",
     build=_builder(kind),
-    reads=("stochastic_tree", "min_draft_prob"),
+    reads=("stochastic_tree", "min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers, kind=kind: layouts.default_feature_layers(kind, num_layers),
     features=("`hidden_states[L]` (after the final norm)" if kind == "eagle" else
               "`hidden_states[2]`, `[L//2]`, `[L-3]` (the inputs of layers 2, L//2, L-3)"),

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specviz.drafters.eagle_layouts import TargetShape
+from specviz.drafters.quantized import Projection, check_draft_quant, int8_projection
 from specviz.errors import SpecvizError
+from specviz.models import fast_forward
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -56,6 +58,49 @@ def shallow_copy(module: nn.Module, pack) -> nn.Module:
     if isinstance(module, nn.Linear):
         new.forward = pack(module.weight, module.bias)
     return new
+
+
+def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
+    """``x -> F.linear(x, weight, bias)``: ``shallow_copy``'s packing where packed kernels do not run."""
+    return lambda x: F.linear(x, weight, bias)
+
+
+def output_projection(rows: torch.Tensor, quant: str = "off", *, packed: bool = False) -> Projection | None:
+    """An inference copy's output projection over ``rows`` (``[V, H]``), the biggest product of a draft step:
+    int8 weights with ``quant="int8"`` (a quarter of the bytes; the draft changes, verification does not, so the
+    output stays the target's), else float weights pre-packed where packing runs. None: keep the module's own
+    forward (``packed``: ``rows`` are the fast target's output layer, already packed; or packing cannot run)."""
+    rows = rows.detach()
+    if check_draft_quant(quant) == "int8":
+        return int8_projection(rows.contiguous())
+    if packed or not fast_forward.available(str(rows.device), rows.dtype):
+        return None
+    return fast_forward.packed_linear(rows.contiguous())
+
+
+def inference_copy(module: M, weight: torch.Tensor, rows: torch.Tensor | None, draft_quant: str = "off", *,
+                   rows_packed: bool = False) -> M:
+    """``module``'s copy for drafting (tensors shared; the module itself stays trainable): its linear layers through
+    pre-packed oneDNN kernels where they run (``weight``, one of its own, says the device and dtype), and
+    ``_output_op`` over the output ``rows`` (``output_projection``; ``rows_packed``: the copy already runs them
+    packed)."""
+    packs = fast_forward.available(str(weight.device), weight.dtype)
+    if not packs and check_draft_quant(draft_quant) == "off":
+        return module
+    fast = shallow_copy(module, fast_forward.packed_linear if packs else plain_linear)
+    if rows is not None:
+        fast._output_op = output_projection(rows, draft_quant, packed=rows_packed or not packs)
+    return fast
+
+
+def drafting_copy(module: nn.Module, pack: bool, draft_quant: str = "off") -> nn.Module:
+    """What a drafter drafts with: ``module.for_inference(draft_quant)``, or with ``pack=False`` the module itself
+    (the unpacked reference path, which has no reduced-precision weights)."""
+    if pack:
+        return module.for_inference(draft_quant)
+    if check_draft_quant(draft_quant) != "off":
+        raise SpecvizError(f"draft-quant {draft_quant} needs the drafter's packed inference copy")
+    return module
 
 
 def fresh(build: Callable[[], M], seed: int | None, *, embeddings: bool = False, std: float = 0.02) -> M:

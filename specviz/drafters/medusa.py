@@ -35,9 +35,8 @@ from torch import nn
 
 from specviz.drafters import checkpoint_files, dynamic_tree, mtp_layouts
 from specviz.drafters import medusa_layouts as layouts
-from specviz.drafters.head_parts import target_parts
+from specviz.drafters.head_parts import drafting_copy, inference_copy, output_projection, target_parts
 from specviz.drafters.medusa_layouts import MedusaSpec
-from specviz.drafters.mtp import shallow_copy
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.features import TargetFeatures
@@ -122,19 +121,16 @@ class MedusaHeads(nn.Module):
         full = out.new_full((*out.shape[:-1], spec.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.token_map.to(out.device), out)
 
-    def for_inference(self) -> MedusaHeads:
-        """A copy sharing every tensor whose linear layers (and the borrowed output rows) run pre-packed."""
-        from specviz.models import fast_forward
-
-        weight = next(self.parameters(), None)
-        if weight is None or not fast_forward.available(str(weight.device), weight.dtype):
-            return self
-        fast = shallow_copy(self, fast_forward.packed_linear)
-        output = self._borrowed["output"]
-        if not self.spec.own_lm_head and not self._borrowed.get("output_packed"):
-            rows = output.weight.detach()
-            if fast_forward.available(str(rows.device), rows.dtype):
-                fast._output_op = fast_forward.packed_linear(rows.contiguous())
+    def for_inference(self, draft_quant: str = "off") -> MedusaHeads:
+        """A copy sharing every tensor whose linear layers (and the borrowed output rows) run pre-packed; the
+        output layers in int8 with ``draft_quant="int8"``."""
+        own = self.spec.own_lm_head
+        weight = next(self.parameters(), None) if own else self._borrowed["output"].weight
+        fast = inference_copy(self, weight, None if own else self._borrowed["output"].weight, draft_quant,
+                              rows_packed=bool(self._borrowed.get("output_packed")))
+        if own and draft_quant != "off":
+            for head in fast.heads:
+                head[-1].forward = output_projection(head[-1].weight, draft_quant)
         return fast
 
 
@@ -344,12 +340,13 @@ class MedusaDrafter(Drafter):
     """Drafts the top-1 chain or a static tree from the heads on the newest known target feature."""
 
     def __init__(self, heads: MedusaHeads, vocab_size: int, name: str | None = None,
-                 choices: Sequence[Sequence[int]] | None = None, pack: bool = True):
+                 choices: Sequence[Sequence[int]] | None = None, pack: bool = True, draft_quant: str = "off"):
         if heads.spec.vocab_size > vocab_size:
             raise SpecvizError(f"the heads draft over {heads.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.heads = heads.eval()
-        self.runner = heads.for_inference() if pack else self.heads
+        self.runner = drafting_copy(self.heads, pack, draft_quant)
+        self.draft_quant = draft_quant
         self.vocab_size = vocab_size
         self.name = name or "medusa"
         self.choices = None if choices is None else check_choices(choices)
@@ -359,7 +356,8 @@ class MedusaDrafter(Drafter):
     def describe(self) -> dict:
         return {"name": self.name, "heads": self.heads.num_heads, "feature_layers": list(self.feature_layers),
                 "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
-                "choices": None if self.choices is None else [list(c) for c in self.choices]}
+                "choices": None if self.choices is None else [list(c) for c in self.choices],
+                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._feature: torch.Tensor | None = None  # the newest feature handed over ...
@@ -445,7 +443,7 @@ def _build(argument: str, target, settings) -> MedusaDrafter:
         raise SpecvizError(f"no Medusa heads are shipped for {target.name}; give medusa:<dir or hub id>")
     heads, choices = load_heads(source, target.model)
     return MedusaDrafter(heads, target.vocab_size, name=f"medusa:{argument}" if argument else "medusa",
-                         choices=choices)
+                         choices=choices, draft_quant=settings["draft_quant"])
 
 
 FAMILY = register(DrafterFamily(
@@ -457,7 +455,7 @@ FAMILY = register(DrafterFamily(
                  "in 0-based numbering); loads FasterDecoding and vLLM checkpoints; bare name: the heads shipped "
                  "for the target"),
     build=_build,
-    reads=("min_draft_prob",),
+    reads=("min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as Medusa reads the base model's output)",
     checkpoints=checkpoint_files.shipped("medusa"),

@@ -33,7 +33,7 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
-from specviz.drafters.head_parts import GatedMLP, fresh, rope_attention, shallow_copy, target_parts
+from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rope_attention, target_parts
 from specviz.drafters.mtp_layouts import MtpSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
@@ -180,19 +180,12 @@ class MtpStack(nn.Module):
         out = rope_attention(q, k, v, position_ids, self._rope, cache=cache, mask=mask)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
-    def for_inference(self) -> MtpStack:
+    def for_inference(self, draft_quant: str = "off") -> MtpStack:
         """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run (as
-        the fast target path does); the stack itself stays trainable."""
-        from specviz.models import fast_forward
-
-        weight = self.layers[0].eh_proj.weight
-        if not fast_forward.available(str(weight.device), weight.dtype):
-            return self
-        fast = shallow_copy(self, fast_forward.packed_linear)
-        rows = self._borrowed["output"].weight.detach()
-        if not self._borrowed["output_packed"] and fast_forward.available(str(rows.device), rows.dtype):
-            fast._output_op = fast_forward.packed_linear(rows.contiguous())
-        return fast
+        the fast target path does), the output rows in int8 with ``draft_quant="int8"``; the stack itself stays
+        trainable."""
+        return inference_copy(self, self.layers[0].eh_proj.weight, self._borrowed["output"].weight, draft_quant,
+                              rows_packed=self._borrowed["output_packed"])
 
 
 # ---- building, saving and loading -------------------------------------------------------------------------------
@@ -335,15 +328,17 @@ class MtpDrafter(Drafter):
 
     ``stochastic_tree``: at temperature > 0 draw tree children from q (verified by rejection sampling) instead of
     taking the top-w. ``pack``: run the modules through pre-packed CPU kernels (a copy; ``stack`` stays trainable).
+    ``draft_quant="int8"``: the output layer in int8 for drafting (``head_parts.output_projection``).
     """
 
     def __init__(self, stack: MtpStack, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
-                 pack: bool = True):
+                 pack: bool = True, draft_quant: str = "off"):
         if stack.spec.vocab_size > vocab_size:
             raise SpecvizError(f"the MTP modules draft over {stack.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.stack = stack.eval()
-        self.runner = stack.for_inference() if pack else self.stack
+        self.runner = drafting_copy(self.stack, pack, draft_quant)
+        self.draft_quant = draft_quant
         self.vocab_size = vocab_size
         self.name = name or "mtp"
         self.stochastic_tree = stochastic_tree
@@ -357,7 +352,8 @@ class MtpDrafter(Drafter):
                 "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
                 "trained": "post hoc on a frozen target by specviz, not jointly with the model as published MTP "
                 "layers are" if spec.origin == "post-hoc" else "jointly with the model (published MTP layers)",
-                "stochastic_tree": self.stochastic_tree}
+                "stochastic_tree": self.stochastic_tree,
+                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     def module_caches(self) -> list[DynamicCache]:
         return self._caches
@@ -557,7 +553,7 @@ def _build(argument: str, target, settings) -> MtpDrafter:
         source = checkpoint_files.shipped_dir(target.name, "mtp")
     stack = load_stack(source, target.model)
     return MtpDrafter(stack, target.vocab_size, name=f"mtp:{argument}" if argument else "mtp",
-                      stochastic_tree=bool(settings["stochastic_tree"]))
+                      stochastic_tree=bool(settings["stochastic_tree"]), draft_quant=settings["draft_quant"])
 
 
 FAMILY = register(DrafterFamily(
@@ -570,7 +566,7 @@ FAMILY = register(DrafterFamily(
                  "layers, else the modules shipped for it. Ours are trained post hoc on a frozen target, unlike "
                  "real MTP layers, which are trained jointly with their model"),
     build=_build,
-    reads=("stochastic_tree", "min_draft_prob"),
+    reads=("stochastic_tree", "min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as published MTP layers are fed)",
     checkpoints=checkpoint_files.shipped("mtp"),

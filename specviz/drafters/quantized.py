@@ -1,4 +1,5 @@
-"""Reduced-precision weights for a draft model's projections on CPU (``draft_quant="int8"``).
+"""Reduced-precision weights for a draft model's projections on CPU (``draft_quant="int8"``), and for the output
+layer of the head and block drafters (``head_parts.output_projection``).
 
 Why: on a CPU a draft step is memory-bound, and most of it is the 49k-row output layer. fbgemm's dynamic int8
 matmul (int8 weights, activations quantised per call) reads a quarter of the bytes, so the output-layer product

@@ -136,8 +136,9 @@ def parse_list(text: str, option: str = "--drafters") -> list[str]:
 
 
 def build(spec: str, target: Target, settings: Mapping[str, Any]) -> Drafter:
+    """The drafter for ``spec``; a setting the family reads and ``settings`` lacks takes its declared default."""
     family, argument = parse(spec)
-    return family.build(argument, target, settings)
+    return family.build(argument, target, {**{name: run_settings.default(name) for name in family.reads}, **settings})
 
 
 def default_specs(target: str) -> list[str]:

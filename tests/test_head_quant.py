@@ -1,0 +1,76 @@
+"""``draft_quant="int8"`` for the feature-reading drafters (EAGLE, MTP, Medusa, DFlash/DSpark): their output layer in
+int8 moves the draft distribution a little and never the output."""
+
+import pytest
+import tiny
+import torch
+from test_eagle import engine_counts, sampling_head
+from test_sampling_lossless import PASS_P, Table, V, chi_square_p
+
+from specviz.drafters.dflash import DFlashDrafter, DSparkDrafter, new_model
+from specviz.drafters.eagle import EagleDrafter, new_head
+from specviz.drafters.medusa import MedusaDrafter, new_heads
+from specviz.drafters.mtp import MtpDrafter, new_stack
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.loop import GenerationConfig, generate, plain_decode
+from specviz.errors import SpecvizError
+
+VOCAB = 64
+LAYERS = 8  # room for EAGLE-3's (2, L//2, L-3) and DFlash's five feature layers
+PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
+NEW_TOKENS = 32
+
+BUILDERS = {
+    "eagle": lambda net, **kw: EagleDrafter(new_head(net, "eagle", seed=1), VOCAB, **kw),
+    "eagle3": lambda net, **kw: EagleDrafter(new_head(net, "eagle3", seed=1, draft_ids=torch.arange(56)), VOCAB,
+                                             **kw),
+    "mtp": lambda net, **kw: MtpDrafter(new_stack(net, 2, seed=1), VOCAB, **kw),
+    "medusa": lambda net, **kw: MedusaDrafter(new_heads(net, 3, seed=1), VOCAB, **kw),
+    "dflash": lambda net, **kw: DFlashDrafter(new_model(net, "dflash", mask_token_id=VOCAB - 1, seed=1), VOCAB,
+                                              **kw),
+    "dspark": lambda net, **kw: DSparkDrafter(new_model(net, "dspark", mask_token_id=VOCAB - 1, seed=1,
+                                                        markov_rank=16), VOCAB, schedule=False, **kw),
+}
+SHAPES = {"chain": DraftBudget(k=4), "tree": DraftBudget(tree=True, width=3, depth=3, max_nodes=8)}
+
+
+@pytest.fixture(scope="module", params=["hf", "fast"])
+def setup(request):
+    target = tiny.target("llama", VOCAB, forward=request.param, layers=LAYERS, scale=25)
+    return target, plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("family", list(BUILDERS))
+def test_int8_output_layer_changes_the_draft_not_the_output(setup, family, shape):
+    target, baseline = setup
+    config, budget = GenerationConfig(max_new_tokens=NEW_TOKENS), SHAPES[shape]
+    full = generate(target, PROMPT, config, BUILDERS[family](target.model), budget)
+    int8 = generate(target, PROMPT, config, BUILDERS[family](target.model, draft_quant="int8"), budget)
+    assert full.token_ids == int8.token_ids == baseline
+    assert all(r.rule == "greedy" and r.lossless for r in int8.rounds)
+    # the same first round (same context, same drafter weights): the int8 draft distribution is close, not equal
+    first_full = {c.id: c.p for c in full.rounds[0].draft_top[0]}
+    first_int8 = {c.id: c.p for c in int8.rounds[0].draft_top[0]}
+    shared = sorted(first_full.keys() & first_int8.keys())
+    probs_full, probs_int8 = (torch.tensor([probs[i] for i in shared]) for probs in (first_full, first_int8))
+    assert len(shared) >= 3 and not torch.equal(probs_full, probs_int8)
+    assert torch.allclose(probs_full, probs_int8, atol=0.05)
+
+
+@pytest.mark.parametrize("family", list(BUILDERS))
+def test_int8_needs_the_packed_copy_and_says_so(setup, family):
+    target, _ = setup
+    with pytest.raises(SpecvizError, match="draft-quant int8 needs the drafter's packed inference copy"):
+        BUILDERS[family](target.model, pack=False, draft_quant="int8")
+    with pytest.raises(SpecvizError, match="draft-quant must be one of off, int8"):
+        BUILDERS[family](target.model, draft_quant="int4")
+    assert BUILDERS[family](target.model, draft_quant="int8").describe()["draft_quant"] == "int8"
+
+
+def test_int8_head_keeps_the_target_distribution():
+    """Rejection sampling with the int8 head's q: the output is still distributed as the target's."""
+    target = tiny.target("llama", V, layers=2, seed=0, scale=15)
+    exact = Table(tiny.model("llama", V, layers=2, seed=0, scale=15)).joint()
+    drafter = EagleDrafter(sampling_head(target, "eagle3"), V, draft_quant="int8")
+    assert chi_square_p(engine_counts(target, drafter, DraftBudget(k=2)), exact) > PASS_P
