@@ -394,7 +394,8 @@ def test_registry(tmp_path, setup):
     targets, _, heads = setup
     target = targets["hf"]
     family = registry.get("medusa")
-    assert family.trainer == "medusa" and family.layers_for(30) == (30,) and family.reads == ("min_draft_prob", "draft_quant")
+    assert family.trainer == "medusa" and family.layers_for(30) == (30,)
+    assert family.reads == ("min_draft_prob", "draft_quant")
     with pytest.raises(SpecvizError, match="no Medusa heads are shipped for tiny-") as error:
         registry.build("medusa", target, {"min_draft_prob": 0.0})
     assert "\n" not in str(error.value)
