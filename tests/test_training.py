@@ -350,6 +350,10 @@ def test_checkpoints_are_pruned_to_the_newest(tmp_path):
         save_checkpoint(tmp_path / f"step-{step:06d}", step, student, optimizer, {}, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000008", "step-000010"]
     assert latest_checkpoint(tmp_path).name == "step-000010"
+    (tmp_path / "latest").unlink()  # a checkpoint copied in from another run, without its pointer
+    (tmp_path / "step-000010" / "state.json").unlink()  # and an incomplete newer one
+    assert latest_checkpoint(tmp_path).name == "step-000008"
+    assert latest_checkpoint(tmp_path / "empty") is None
 
 
 def test_cli_trains_on_a_prompt_file_and_reports_its_held_out_part(tmp_path, capsys):

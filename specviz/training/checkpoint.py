@@ -60,10 +60,12 @@ def prune_checkpoints(root: Path, keep: int) -> None:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The folder named by ``root/latest``, if it exists and is complete."""
+    """The folder named by ``root/latest``, if it exists and is complete; without a pointer (a checkpoint folder
+    copied in from another run to continue it), the newest complete ``step-*`` folder."""
     pointer = root / "latest"
     if not pointer.is_file():
-        return None
+        complete = sorted(p for p in root.glob("step-*") if (p / "state.json").is_file())
+        return complete[-1] if complete else None
     folder = root / pointer.read_text().strip()
     return folder if (folder / "state.json").is_file() else None
 
