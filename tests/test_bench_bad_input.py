@@ -68,7 +68,7 @@ def test_bad_drafter_list(capsys, tmp_path, drafters, fragment):
     (["--k", "2,0"], "k must be"),
     (["--k", "2,x"], "k must be"),
     (["--threads", "0"], "threads must be"),
-    (["--draft-quant", "off,int4"], "draft-quant must be one of off, int8"),
+    (["--draft-quant", "off,int4"], "draft-quant must be one of auto, off, int8"),
     (["--draft-quant", ","], "--draft-quant is empty"),
     (["--max-new-tokens", "0"], "max-new-tokens"),
 ])

@@ -62,7 +62,7 @@ def test_sampled_generation_is_reproducible(capsys, model_dirs):
     (["generate", "--prompt", "hi", "--target", "/no/such/dir"], "no such file"),
     (["generate", "--prompt", "hi", "--target", "no-such-registry-name"], "no-such-registry-name"),
     (["generate", "--prompt", "hi", "--k", "four"], "invalid int"),
-    (["generate", "--prompt", "hi", "--draft-quant", "int4"], "draft-quant must be one of off, int8"),
+    (["generate", "--prompt", "hi", "--draft-quant", "int4"], "draft-quant must be one of auto, off, int8"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_user_errors_are_one_line_with_exit_2(capsys, argv, fragment):

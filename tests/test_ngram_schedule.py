@@ -4,6 +4,7 @@ Lossless like every drafter (greedy output identical, sampled output distributed
 follows the estimates: nothing is verified where no prefix pays, all k where verifying is free.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -101,6 +102,12 @@ def test_the_views_draw_scheduled_rounds_and_skipped_ones():
     assert rows and all(row["outcome"] == "cut" and row["q"] is None for row in rows)
     hover = tree_spec(run.rounds[skipped[0]])["data"]
     assert any("ℓ=0 (a plain step)" in str(trace.get("hovertext", "")) for trace in hover)
+    # a trace recorded before the key's rename (plain_value) still shows the line
+    old = run.rounds[skipped[0]]
+    schedule = dict(old.meta["schedule"])
+    schedule["plain_value"] = schedule.pop("fallback_value")
+    renamed = dataclasses.replace(old, meta={**old.meta, "schedule": schedule})
+    assert any("ℓ=0 (a plain step)" in str(trace.get("hovertext", "")) for trace in tree_spec(renamed)["data"])
 
 
 # ---- sampling --------------------------------------------------------------------------------------------------

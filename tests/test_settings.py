@@ -59,7 +59,7 @@ def test_every_setting_is_an_option_with_the_declared_default(command):
 def test_parsed_defaults_are_the_declaration():
     assert dict(settings.from_args(parse("generate", "--prompt", "x"))) == settings.defaults()
     args = bench_args("--drafters", "ngram")
-    assert dict(args.values) == settings.defaults() and args.draft_quant_list == ["off"]
+    assert dict(args.values) == settings.defaults() and args.draft_quant_list == ["auto"]
 
 
 def test_one_set_of_defaults():
@@ -144,7 +144,7 @@ def test_out_of_range_on_the_command_line(capsys, command, setting):
 
 
 def test_choices_and_unknown_names():
-    with pytest.raises(SpecvizError, match="draft-quant must be one of off, int8, got 'int4'"):
+    with pytest.raises(SpecvizError, match="draft-quant must be one of auto, off, int8, got 'int4'"):
         settings.check("draft_quant", "int4")
     with pytest.raises(SpecvizError, match="unknown setting 'budget'"):
         settings.validate({"budget": 3})

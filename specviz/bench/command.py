@@ -14,6 +14,7 @@ from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, l
 from specviz.bench.suite import run_suite
 from specviz.bench.summary import OVERALL, summarise
 from specviz.drafters import registry
+from specviz.drafters.quantized import resolve_draft_quant
 from specviz.errors import SpecvizError
 from specviz.settings import Setting
 
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     # transformers' reference rows, and the other side of the verify-cost comparison, run transformers' own forward
     reference = target if target.forward == "hf" else api.load_target(values["target"], target_forward="hf",
                                                                        **kwargs)
+    weight = next(target.model.parameters())  # "auto" precision, as it resolves for drafts beside this target
+    args.draft_quant_list = list(dict.fromkeys(resolve_draft_quant(quant, weight.device, weight.dtype)
+                                               for quant in args.draft_quant_list))
     specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults,
                                 draft_vocab=values["draft_vocab"], draft_quants=tuple(args.draft_quant_list),
                                 chain_ks=tuple(args.k_list))

@@ -405,8 +405,7 @@ class BlockDrafter(Drafter):
             raise SpecvizError(f"the drafter drafts over {model.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.model = model.eval()
-        self.runner = drafting_copy(self.model, pack, draft_quant)
-        self.draft_quant = draft_quant
+        self.runner, self.draft_quant = drafting_copy(self.model, pack, draft_quant)
         self.spec = model.spec
         self.vocab_size = vocab_size
         self.name = name or self.kind

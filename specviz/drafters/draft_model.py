@@ -24,7 +24,7 @@ import torch
 
 from specviz.drafters import dynamic_tree
 from specviz.drafters.lean_llama import lean_forward_for
-from specviz.drafters.quantized import check_draft_quant
+from specviz.drafters.quantized import resolve_draft_quant
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget, Drafter
@@ -42,17 +42,20 @@ class DraftModelDrafter(Drafter):
         self, model: torch.nn.Module, vocab_size: int, name: str = "draft-model", stochastic_tree: bool = False,
         draft_vocab: int = 0, lean: bool = True, draft_quant: str = "off",
     ):
-        check_draft_quant(draft_quant)
+        weight = next(model.parameters())
+        quant = resolve_draft_quant(draft_quant, weight.device, weight.dtype)
         self.source_model = model.eval()  # as loaded (transformers' assisted generation gets this one)
         drafting = trim_output_layer(model, draft_vocab) if draft_vocab else model
         # the same weights and maths with a fraction of the per-operator overhead, where the architecture allows
-        lean_model = lean_forward_for(drafting, draft_quant) if lean else None
-        if lean_model is None and draft_quant != "off":
-            raise SpecvizError(f"draft-quant {draft_quant} needs a Llama-architecture draft (the lean forward); "
-                               f"{type(model).__name__} is not one")
+        lean_model = lean_forward_for(drafting, quant) if lean else None
+        if lean_model is None and quant != "off":
+            if draft_quant != "auto":
+                raise SpecvizError(f"draft-quant {draft_quant} needs a Llama-architecture draft (the lean forward); "
+                                   f"{type(model).__name__} is not one")
+            quant = "off"  # "auto" where reduced precision has no forward to run in: the draft's own weights
         self.model = lean_model or drafting
         self.draft_vocab = draft_vocab
-        self.draft_quant = draft_quant
+        self.draft_quant = quant
         self.vocab_size = vocab_size
         self.name = name
         self.stochastic_tree = stochastic_tree

@@ -401,8 +401,7 @@ class EagleDrafter(Drafter):
             raise SpecvizError(f"the head drafts over {head.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.head = head.eval()
-        self.runner = drafting_copy(self.head, pack, draft_quant)
-        self.draft_quant = draft_quant
+        self.runner, self.draft_quant = drafting_copy(self.head, pack, draft_quant)
         self.vocab_size = vocab_size
         self.name = name or head.kind
         self.stochastic_tree = stochastic_tree

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specviz.drafters.eagle_layouts import TargetShape
-from specviz.drafters.quantized import Projection, check_draft_quant, int8_projection
+from specviz.drafters.quantized import Projection, check_draft_quant, int8_projection, resolve_draft_quant
 from specviz.errors import SpecvizError
 from specviz.models import fast_forward
 
@@ -71,7 +71,7 @@ def output_projection(rows: torch.Tensor, quant: str = "off", *, packed: bool = 
     output stays the target's), else float weights pre-packed where packing runs. None: keep the module's own
     forward (``packed``: ``rows`` are the fast target's output layer, already packed; or packing cannot run)."""
     rows = rows.detach()
-    if check_draft_quant(quant) == "int8":
+    if resolve_draft_quant(quant, rows.device, rows.dtype) == "int8":
         return int8_projection(rows.contiguous())
     if packed or not fast_forward.available(str(rows.device), rows.dtype):
         return None
@@ -83,24 +83,30 @@ def inference_copy(module: M, weight: torch.Tensor, rows: torch.Tensor | None, d
     """``module``'s copy for drafting (tensors shared; the module itself stays trainable): its linear layers through
     pre-packed oneDNN kernels where they run (``weight``, one of its own, says the device and dtype), and
     ``_output_op`` over the output ``rows`` (``output_projection``; ``rows_packed``: the copy already runs them
-    packed)."""
+    packed). ``draft_quant="auto"`` is resolved for the rows it would quantise (``weight`` when there are none);
+    the copy's ``draft_quant`` says what it drafts with."""
+    quantised = rows if rows is not None else weight
+    draft_quant = resolve_draft_quant(draft_quant, quantised.device, quantised.dtype)
     packs = fast_forward.available(str(weight.device), weight.dtype)
-    if not packs and check_draft_quant(draft_quant) == "off":
+    if not packs and draft_quant == "off":
         return module
     fast = shallow_copy(module, fast_forward.packed_linear if packs else plain_linear)
+    fast.draft_quant = draft_quant
     if rows is not None:
         fast._output_op = output_projection(rows, draft_quant, packed=rows_packed or not packs)
     return fast
 
 
-def drafting_copy(module: nn.Module, pack: bool, draft_quant: str = "off") -> nn.Module:
-    """What a drafter drafts with: ``module.for_inference(draft_quant)``, or with ``pack=False`` the module itself
-    (the unpacked reference path, which has no reduced-precision weights)."""
+def drafting_copy(module: nn.Module, pack: bool, draft_quant: str = "off") -> tuple[nn.Module, str]:
+    """What a drafter drafts with, and in which precision (``"off"`` or ``"int8"``): ``module.for_inference``
+    (``"auto"`` resolved there, ``inference_copy``), or with ``pack=False`` the module itself (the unpacked reference
+    path, which has no reduced-precision weights: ``"auto"`` means full precision)."""
     if pack:
-        return module.for_inference(draft_quant)
-    if check_draft_quant(draft_quant) != "off":
+        runner = module.for_inference(draft_quant)
+        return runner, getattr(runner, "draft_quant", "off")
+    if check_draft_quant(draft_quant) not in ("off", "auto"):
         raise SpecvizError(f"draft-quant {draft_quant} needs the drafter's packed inference copy")
-    return module
+    return module, "off"
 
 
 def fresh(build: Callable[[], M], seed: int | None, *, embeddings: bool = False, std: float = 0.02) -> M:

@@ -128,9 +128,9 @@ class MedusaHeads(nn.Module):
         weight = next(self.parameters(), None) if own else self._borrowed["output"].weight
         fast = inference_copy(self, weight, None if own else self._borrowed["output"].weight, draft_quant,
                               rows_packed=bool(self._borrowed.get("output_packed")))
-        if own and draft_quant != "off":
+        if own and getattr(fast, "draft_quant", "off") != "off":
             for head in fast.heads:
-                head[-1].forward = output_projection(head[-1].weight, draft_quant)
+                head[-1].forward = output_projection(head[-1].weight, fast.draft_quant)
         return fast
 
 
@@ -345,8 +345,7 @@ class MedusaDrafter(Drafter):
             raise SpecvizError(f"the heads draft over {heads.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.heads = heads.eval()
-        self.runner = drafting_copy(self.heads, pack, draft_quant)
-        self.draft_quant = draft_quant
+        self.runner, self.draft_quant = drafting_copy(self.heads, pack, draft_quant)
         self.vocab_size = vocab_size
         self.name = name or "medusa"
         self.choices = None if choices is None else check_choices(choices)

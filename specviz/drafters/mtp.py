@@ -337,8 +337,7 @@ class MtpDrafter(Drafter):
             raise SpecvizError(f"the MTP modules draft over {stack.spec.vocab_size} ids but the target's logits have "
                                f"{vocab_size}")
         self.stack = stack.eval()
-        self.runner = drafting_copy(self.stack, pack, draft_quant)
-        self.draft_quant = draft_quant
+        self.runner, self.draft_quant = drafting_copy(self.stack, pack, draft_quant)
         self.vocab_size = vocab_size
         self.name = name or "mtp"
         self.stochastic_tree = stochastic_tree

@@ -45,15 +45,33 @@ def check_draft_quant(value) -> str:
     return value
 
 
+def _int8_missing(device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """Why fbgemm's packed int8 matmuls cannot run for weights on ``device`` in ``dtype``; None when they can."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return f"draft-quant int8 runs on CPU only; this draft is on {device.type}"
+    if dtype != torch.float32:
+        return f"draft-quant int8 needs a float32 draft, this one is {dtype}"
+    engines = torch.backends.quantized.supported_engines
+    if "fbgemm" not in engines and "x86" not in engines:
+        return "draft-quant int8 needs a torch build with the fbgemm/x86 quantized engine"
+    return None
+
+
+def resolve_draft_quant(value, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The precision a draft on ``device`` in ``dtype`` drafts with: ``"auto"`` is int8 where fbgemm's int8
+    matmuls run (float32 on a CPU), since a draft step there is memory-bound and int8 reads a quarter of the bytes;
+    elsewhere (a GPU, half precision) the draft's own weights. Other values are returned as they are."""
+    if check_draft_quant(value) != "auto":
+        return value
+    return "off" if _int8_missing(device, dtype) else "int8"
+
+
 def check_quantizable(weight: torch.Tensor) -> None:
     """fbgemm's packed matmuls exist for float32 CPU tensors only; say so in one line instead of a kernel error."""
-    if weight.device.type != "cpu":
-        raise SpecvizError(f"draft-quant int8 runs on CPU only; this draft is on {weight.device.type}")
-    if weight.dtype != torch.float32:
-        raise SpecvizError(f"draft-quant int8 needs a float32 draft, this one is {weight.dtype}")
-    if "fbgemm" not in torch.backends.quantized.supported_engines and "x86" not in \
-            torch.backends.quantized.supported_engines:
-        raise SpecvizError("draft-quant int8 needs a torch build with the fbgemm/x86 quantized engine")
+    reason = _int8_missing(weight.device, weight.dtype)
+    if reason:
+        raise SpecvizError(reason)
 
 
 def full_precision(weight: torch.Tensor) -> Projection:

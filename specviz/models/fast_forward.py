@@ -40,11 +40,14 @@ PLAIN_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Mi
 
 
 def available(device: str, dtype: torch.dtype) -> bool:
-    """True where the packed oneDNN linear runs: CPU, float32 or bfloat16, a torch built with oneDNN."""
+    """True where the packed oneDNN linear runs: CPU, float32 or bfloat16 (the latter only on a CPU oneDNN has a
+    bfloat16 path for: AVX-512 BW/VL/DQ or AVX-NE-CONVERT), a torch built with oneDNN."""
     ops = getattr(torch.ops, "mkldnn", None)
-    return (device.split(":", 1)[0] == "cpu" and dtype in (torch.float32, torch.bfloat16)
+    if not (device.split(":", 1)[0] == "cpu" and dtype in (torch.float32, torch.bfloat16)
             and torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
-            and hasattr(ops, "_reorder_linear_weight"))
+            and hasattr(ops, "_reorder_linear_weight")):
+        return False
+    return dtype == torch.float32 or bool(getattr(ops, "_is_mkldnn_bf16_supported", lambda: False)())
 
 
 def fast_copy(model: nn.Module) -> nn.Module:

@@ -137,9 +137,10 @@ def _root_hover(round_: Round, root_text: str | None) -> str:
         values = " · ".join(f"ℓ={i + 1}: {v:.2f}" for i, v in enumerate(schedule["values"]) if isinstance(v, float))
         lines.append(f"confidence schedule: verify {schedule.get('length')} of {drafted} drafts, the ℓ that maximises "
                      f"(1 + Σ survival) ÷ cost(1 + ℓ)<br>{escape(values)} (cost: {escape(str(schedule.get('curve')))})")
-        if isinstance(schedule.get("fallback_value"), float):  # a drafter that may verify nothing (ngram:auto)
+        bar = schedule.get("fallback_value", schedule.get("plain_value"))  # plain_value: traces before the rename
+        if isinstance(bar, float):  # a drafter that may verify nothing (ngram:auto)
             fallback = escape(str(schedule.get("fallback") or "a plain step"))
-            lines.append(f"ℓ=0 ({fallback}): {schedule['fallback_value']:.2f}; verified only where a prefix beats it")
+            lines.append(f"ℓ=0 ({fallback}): {bar:.2f}; verified only where a prefix beats it")
     skipped = round_.meta.get("lookup_skipped")
     if isinstance(skipped, dict) and all(isinstance(skipped.get(k), int | float) for k in ("n", "value", "bar")):
         lines.append(f"lookup sat out: its {skipped['n']}-gram match was worth {skipped['value']:.3f} tokens/ms, "
