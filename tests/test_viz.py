@@ -377,3 +377,14 @@ def test_run_label_says_how_an_mtp_drafter_was_trained():
     assert "not jointly with the model" in line
     rec.header["drafter"] = {"name": "ngram"}
     assert "trained" not in panels.run_label(rec)
+
+
+def test_run_label_says_when_the_draft_ran_in_int8():
+    """The hovers' q then comes from int8 draft weights (verification stays full precision): the label says so."""
+    rec = record_of([make_round([-1], [0])])
+    rec.header["drafter"] = {"name": "eagle3", "feature_layers": [2, 15, 27], "draft_quant": "int8"}
+    assert "hidden_states[27]; int8 draft weights)" in panels.run_label(rec)
+    rec.header["drafter"] = {"name": "eagle3", "draft_quant": None}
+    assert "draft weights" not in panels.run_label(rec)
+    rec.header["drafter"] = {"name": "eagle3", "draft_quant": "<b>x"}  # a hand-edited trace: escaped on the page
+    assert "&lt;b&gt;x draft weights" in panels.status_html(panels.run_label(rec))

@@ -12,6 +12,9 @@ Which weights: int8 (per output channel) for the projections whose input is an R
 draft's top-1 agreement close to fp32, while int8 everywhere loses much of it (dynamic per-tensor activation scales
 cannot cover the down projection's outliers); measured figures: BENCHMARKS.md.
 
+``"auto"``, the setting's default, is int8 wherever these kernels run (a float32 draft on CPU) and the draft's own
+weights elsewhere (``resolve_draft_quant``); a drafter's ``describe()`` records what it resolved to.
+
 Packing happens when the drafter is built (it lengthens that step, not a run), so it is outside every timed
 generation.
 

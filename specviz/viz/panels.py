@@ -121,7 +121,8 @@ def run_label(record: RunRecord) -> str:
     config = record.header.get("config") or {}
     temperature = config.get("temperature", 0.0)
     sampling = "greedy" if record.greedy else f"T={temperature} top-p={config.get('top_p', 1.0)}"
-    notes = "; ".join(note for note in (record.drafter_reads, record.drafter_trained, record.drafter_schedule) if note)
+    notes = "; ".join(note for note in (record.drafter_reads, record.drafter_trained, record.drafter_precision,
+                                        record.drafter_schedule) if note)
     reads = f" ({notes})" if notes else ""
     fallback = f" · {record.run_note}" if record.run_note else ""
     return (f"{origin} · target {record.target_name} · drafter {record.drafter_name}{reads} · {record.budget_text} · "

@@ -90,6 +90,14 @@ class RunRecord:
         return f"trained {trained}" if isinstance(trained, str) and trained else ""
 
     @property
+    def drafter_precision(self) -> str:
+        """Reduced-precision draft weights, when the drafter ran with them: its q (the hovers, the confidence panel)
+        is then the int8 draft's, while verification stays full precision."""
+        drafter = self.header.get("drafter")
+        quant = drafter.get("draft_quant") if isinstance(drafter, dict) else None
+        return f"{quant} draft weights" if isinstance(quant, str) and quant else ""
+
+    @property
     def run_note(self) -> str:
         """A note on how the run ran that its reader must see (a ZeroGPU run that fell back to the CPU)."""
         note = self.header.get("note")
