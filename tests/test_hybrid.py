@@ -186,6 +186,8 @@ def test_specs_and_bad_partners(setup, tmp_path):
     assert drafter.feature_layers == drafter.model.feature_layers and drafter.lookup.schedule is not None
     described = drafter.describe()
     assert described["kind"] == "hybrid" and described["model"]["kind"] == "eagle3"
+    # the default draft precision, auto, drafts the head's output rows in int8 on CPU; the views read it at the top
+    assert described["model"]["draft_quant"] == described["draft_quant"] == "int8"
     for bad, says in [("hybrid:ngram", "is not one"), ("hybrid:hybrid:eagle3", "is not one"),
                       ("hybrid:ngram:auto", "is not one"), ("hybrid:nope", "unknown drafter 'nope'")]:
         with pytest.raises(SpecvizError) as error:

@@ -86,8 +86,9 @@ class HybridDrafter(Drafter):
     def describe(self) -> dict:
         model = self.model.describe()
         described = {"name": self.name, "kind": NAME, "lookup": self.lookup.describe(), "model": model}
-        if "trained" in model:  # the views say how an MTP stack was trained
-            described["trained"] = model["trained"]
+        for key in ("trained", "draft_quant"):  # the views say how an MTP stack was trained, and int8 draft weights
+            if model.get(key):
+                described[key] = model[key]
         return described
 
     def begin(self, prompt_ids: list[int]) -> None:
