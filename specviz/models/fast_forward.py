@@ -54,8 +54,9 @@ def fast_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` sharing all its tensors whose linear layers run through pre-packed oneDNN kernels."""
     parameter = next(model.parameters())
     if not available(str(parameter.device), parameter.dtype):
-        raise SpecvizError(f"the fast target forward needs a CPU model in float32 or bfloat16 and a torch built with "
-                           f"oneDNN; this one is {parameter.dtype} on {parameter.device}: use --target-forward hf")
+        raise SpecvizError(f"the fast target forward needs a CPU model in float32 (bfloat16 where oneDNN has a "
+                           f"bfloat16 path for the CPU) and a torch built with oneDNN; this one is {parameter.dtype} "
+                           f"on {parameter.device}: use --target-forward hf")
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     fast = copy.deepcopy(model, shared)  # new modules, the same parameter and buffer tensors
     for module in list(fast.modules()):
