@@ -53,6 +53,30 @@ def model_dirs(tmp_path_factory):
     return root
 
 
+def test_auto_precision_rows_say_what_their_drafter_ran(model_dirs, tmp_path):
+    """``--draft-quant auto`` (the default): a Llama draft's rows run and are labelled int8; a draft int8 cannot run
+    in (another architecture) runs in full precision under an unlabelled row, instead of failing as int8 does."""
+    from specviz import api, settings
+    from specviz.bench.command import _precision_drafters
+
+    qwen = tmp_path / "qwen-draft"
+    tiny.model("qwen2", VOCAB, layers=1).save_pretrained(qwen)
+    tiny.tokenizer(VOCAB).save_pretrained(qwen)
+    target = api.load_target(str(model_dirs / "target"))
+    llama_spec, qwen_spec = f"model:{model_dirs / 'draft'}", f"model:{qwen}"
+    drafters, precisions = _precision_drafters(["ngram", llama_spec, qwen_spec], ["auto"], target,
+                                               settings.validate())
+    assert precisions == {llama_spec: ("int8",), qwen_spec: ("off",)}
+    assert drafters[f"{llama_spec} int8"].draft_quant == "int8" and drafters[qwen_spec].draft_quant == "off"
+    names = [s.name for s in build_specs(["ngram", llama_spec, qwen_spec], ["chain"], DraftBudget(k=2), hf=False,
+                                         draft_quants=precisions)]
+    assert names == ["ngram chain k=2", f"{llama_spec} chain k=2 int8", f"{qwen_spec} chain k=2"]
+    assert all(s.drafter_key in drafters for s in build_specs([llama_spec, qwen_spec], ["chain"], DraftBudget(k=2),
+                                                              hf=False, draft_quants=precisions))
+    with pytest.raises(SpecvizError, match="needs a Llama-architecture draft"):
+        _precision_drafters([qwen_spec], ["int8"], target, settings.validate())
+
+
 def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     out = tmp_path / "out"
     code = cli.main(["bench", "--target", str(model_dirs / "target"), "--drafters",

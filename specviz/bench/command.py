@@ -14,7 +14,6 @@ from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, l
 from specviz.bench.suite import run_suite
 from specviz.bench.summary import OVERALL, summarise
 from specviz.drafters import registry
-from specviz.drafters.quantized import resolve_draft_quant
 from specviz.errors import SpecvizError
 from specviz.settings import Setting
 
@@ -95,6 +94,25 @@ def _selection(prompts: list[BenchPrompt], limit: int | None) -> str:
     return f"{rule}; {counts}"
 
 
+def _precision_drafters(specs: list[str], quants: list[str], target, values) -> tuple[dict, dict[str, tuple[str, ...]]]:
+    """One drafter per (spec, precision) for the families that read ``draft_quant``, keyed as ``RunSpec.drafter_key``
+    keys them, and the precisions each spec's rows run at: ``auto`` becomes what the built drafter resolved it to
+    (int8 for a float32 head on CPU, full precision for a draft int8 cannot run in), so a row's label says what ran."""
+    drafters: dict = {}
+    precisions: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        if "draft_quant" not in registry.parse(spec)[0].reads:
+            continue
+        resolved = []
+        for quant in quants:
+            drafter = api.make_drafter(spec, target, values.replace(draft_quant=quant))
+            precision = drafter.describe().get("draft_quant") or "off"
+            drafters.setdefault(spec if precision == "off" else f"{spec} {precision}", drafter)
+            resolved.append(precision)
+        precisions[spec] = tuple(dict.fromkeys(resolved))
+    return drafters, precisions
+
+
 def run(args: argparse.Namespace) -> int:
     _resolve(args)
     values = args.values
@@ -113,14 +131,11 @@ def run(args: argparse.Namespace) -> int:
     # transformers' reference rows, and the other side of the verify-cost comparison, run transformers' own forward
     reference = target if target.forward == "hf" else api.load_target(values["target"], target_forward="hf",
                                                                        **kwargs)
-    weight = next(target.model.parameters())  # "auto" precision, as it resolves for drafts beside this target
-    args.draft_quant_list = list(dict.fromkeys(resolve_draft_quant(quant, weight.device, weight.dtype)
-                                               for quant in args.draft_quant_list))
+    drafters, precisions = _precision_drafters(args.drafter_list, args.draft_quant_list, target, values)
     specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults,
-                                draft_vocab=values["draft_vocab"], draft_quants=tuple(args.draft_quant_list),
+                                draft_vocab=values["draft_vocab"], draft_quants=precisions,
                                 chain_ks=tuple(args.k_list))
-    drafters = {}
-    for spec in specs:  # one drafter per (drafter, precision); transformers' rows use the same loaded draft model
+    for spec in specs:  # the families that do not read draft_quant, and transformers' rows (the draft as loaded)
         if spec.drafter and spec.drafter_key not in drafters:
             drafters[spec.drafter_key] = api.make_drafter(spec.drafter, target,
                                                           values.replace(draft_quant=spec.draft_quant))

@@ -7,6 +7,7 @@ specviz's chain) and prompt lookup (``prompt_lookup_num_tokens = k``, the n-gram
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from specviz.drafters import registry
@@ -63,17 +64,20 @@ def ngram_size(spec: str) -> int:
 
 def build_specs(
     drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False,
-    draft_vocab: int = 0, draft_quants: tuple[str, ...] = ("off",), chain_ks: tuple[int, ...] = (),
+    draft_vocab: int = 0, draft_quants: tuple[str, ...] | Mapping[str, tuple[str, ...]] = ("off",),
+    chain_ks: tuple[int, ...] = (),
 ) -> list[RunSpec]:
     """The rows, in table order: specviz drafter x precision x shape (a chain per k of ``chain_ks``, default the
-    budget's), then the Hugging Face references (at the budget's k)."""
+    budget's), then the Hugging Face references (at the budget's k). ``draft_quants``: the precisions of every family
+    that reads the setting, or per drafter spec (what each built drafter resolved ``auto`` to)."""
     chain = replace(budget, tree=False)
     tree = replace(budget, tree=True)
     specs: list[RunSpec] = []
     for drafter in drafters:
         reads = registry.parse(drafter)[0].reads  # only families that read a setting get its variants
         trimmed = f" vocab<{draft_vocab}" if draft_vocab and "draft_vocab" in reads else ""
-        for quant in draft_quants if "draft_quant" in reads else ("off",):
+        quants = draft_quants.get(drafter, ("off",)) if isinstance(draft_quants, Mapping) else draft_quants
+        for quant in quants if "draft_quant" in reads else ("off",):
             suffix = trimmed + ("" if quant == "off" else f" {quant}")
             for shape in shapes:
                 budgets = [replace(chain, k=k) for k in chain_ks or (chain.k,)] if shape == "chain" else [tree]
