@@ -57,6 +57,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init-layers", default=None,
                         help="draft-lm: start from these target decoder layers, e.g. 0,1,2,3 (the student takes the "
                              "target's shape and shares its embedding and output layer, which are not shipped)")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from a drafter of this family exported before (e.g. the shipped one in "
+                             "assets/models/): a later session continues training without the earlier run folder")
     parser.add_argument("--feature-layers", type=_layer_list, default=(),
                         help="more hidden_states indices to cache with the ones this family reads, e.g. "
                              "2,9,15,21,27,28,30: one slow extraction then serves every family")

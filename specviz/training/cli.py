@@ -21,7 +21,7 @@ from specviz.training.arguments import DESCRIPTION, add_train_arguments, build_p
 from specviz.training.data import DataPlan, build_data
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
-from specviz.training.trainers import TrainConfig, fit, get_trainer
+from specviz.training.trainers import TrainConfig, fit, get_trainer, warm_start
 
 
 def add_train_subparser(subparsers) -> argparse.ArgumentParser:
@@ -84,6 +84,9 @@ def train(args: argparse.Namespace) -> dict:
     trainer.prepare(train_set)
     torch.manual_seed(args.seed)
     student = trainer.build_student()
+    if args.init_from is not None:
+        warm_start(trainer, student, args.init_from)
+        log(f"student initialised from {args.init_from}")
     config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                          warmup=args.warmup, seed=args.seed, save_every=args.save_every, log_every=args.log_every,
                          resume=args.resume, autocast=args.autocast,
@@ -112,7 +115,8 @@ def train(args: argparse.Namespace) -> dict:
         "data_seconds": data_seconds, "train_seconds": train_seconds,
         "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
         "heldout": metrics, "heldout_prompt_files": file_metrics,
-        "command": command, "student_config": trainer.describe_student(student),
+        "command": command, "init_from": str(args.init_from) if args.init_from else None,
+        "student_config": trainer.describe_student(student),
         "trainer_options": getattr(trainer, "opts", {}), "history": history,
     }
     previous = out / "metrics.json"

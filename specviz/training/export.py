@@ -262,7 +262,9 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
     sampled = getattr(args, "softmax_sample", 0)
     loss_note = (f" (sampled softmax over the target's top-{args.topk} + {sampled} random tokens, so the loss and this "
                  f"agreement are over that candidate set, not the full vocabulary)") if sampled else ""
-    notes = "".join(f"\n\n{note}" for note in summary.get("notes", []))
+    started = ([f"The run started from the weights in `{summary['init_from']}` (`--init-from`), with a fresh optimizer "
+                f"and schedule."] if summary.get("init_from") else [])
+    notes = "".join(f"\n\n{note}" for note in [*started, *summary.get("notes", [])])
     cfg = summary.get("student_config") or json.loads((dest / "config.json").read_text())
     held = summary["heldout"]
     taus = ", ".join(f"k={k}: {v:.2f}" for k, v in held["simulated_chain_tau"].items())

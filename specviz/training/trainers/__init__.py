@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specviz.errors import SpecvizError
-from specviz.training.trainers.base import FeatureRequest, TrainConfig, Trainer, fit
+from specviz.training.trainers.base import FeatureRequest, TrainConfig, Trainer, fit, warm_start
 from specviz.training.trainers.dflash import DFlashTrainer, DSparkTrainer
 from specviz.training.trainers.draft_lm import DraftLMTrainer
 from specviz.training.trainers.eagle import Eagle3Trainer, EagleTrainer
@@ -23,4 +23,4 @@ def get_trainer(kind: str) -> type[Trainer]:
         raise SpecvizError(f"unknown drafter kind {kind!r}: known kinds are {', '.join(TRAINERS)}") from None
 
 
-__all__ = ["TRAINERS", "FeatureRequest", "TrainConfig", "Trainer", "fit", "get_trainer"]
+__all__ = ["TRAINERS", "FeatureRequest", "TrainConfig", "Trainer", "fit", "get_trainer", "warm_start"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specviz.errors import SpecvizError
 from specviz.training.batches import Batch, batch_stream
 from specviz.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from specviz.training.features import FeatureSet
@@ -79,6 +80,11 @@ class Trainer(ABC):
     def build_student(self) -> torch.nn.Module:
         """A freshly initialised student (trainable)."""
 
+    def load_exported(self, folder: Path) -> torch.nn.Module:
+        """A drafter of this family as exported by an earlier run, loaded and checked against the target
+        (``--init-from``); families without one refuse."""
+        raise SpecvizError(f"--init-from is not supported for {self.kind}: train it from scratch")
+
     def resumed(self, student: torch.nn.Module) -> None:
         """A checkpoint has just restored ``student``: rebuild what the trainer derived from its fresh init (a
         resumed run keeps the student's own choices, such as EAGLE-3's draft vocabulary, even on new data)."""
@@ -99,6 +105,23 @@ class Trainer(ABC):
     @abstractmethod
     def save_pretrained(self, student: torch.nn.Module, folder: Path, *, dtype: torch.dtype = torch.float32) -> None:
         """Write a loadable folder (config + safetensors + tokenizer)."""
+
+
+def warm_start(trainer: Trainer, student: torch.nn.Module, folder: Path) -> None:
+    """``--init-from``: give a fresh ``student`` the weights of a drafter its family exported before (the shipped one,
+    say), so a later session continues training without the earlier run folder. AdamW and the schedule start anew;
+    a checkpoint in the run folder, when resuming, still wins."""
+    source = trainer.load_exported(folder)
+    mine, theirs = student.state_dict(), source.state_dict()
+    missing = sorted(set(mine) ^ set(theirs))
+    if missing:
+        raise SpecvizError(f"--init-from {folder}: its weights are not this student's (first difference: {missing[0]})")
+    for key, value in mine.items():
+        if value.shape != theirs[key].shape:
+            raise SpecvizError(f"--init-from {folder}: {key} is {list(theirs[key].shape)}, the student's "
+                               f"{list(value.shape)} (check --layers, --hidden and the family's --set options)")
+    student.load_state_dict({k: v.to(mine[k].dtype) for k, v in theirs.items()}, strict=True)
+    trainer.resumed(student)
 
 
 def lr_at(step: int, config: TrainConfig) -> float:

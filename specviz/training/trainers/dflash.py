@@ -72,6 +72,9 @@ class DFlashTrainer(Trainer):
     def describe_student(self, student: dflash.DFlashBackbone) -> dict:
         return student.spec.to_dict()
 
+    def load_exported(self, folder: Path) -> dflash.DFlashBackbone:
+        return dflash.load_drafter(folder, self.target.model, kind=self.kind)
+
     def loss(self, student: dflash.DFlashBackbone, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         anchors, usable = sample_anchors(batch, int(self.opts["anchors"]))
         out = block_outputs(student, batch, anchors, usable)

@@ -77,6 +77,9 @@ class EagleTrainer(Trainer):
     def _features(self, head: eagle.EagleHead, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         return torch.cat([hidden[layer] for layer in head.feature_layers], dim=-1)
 
+    def load_exported(self, folder: Path) -> eagle.EagleHead:
+        return eagle.load_head(folder, self.target.model, kind=self.kind)
+
     def loss(self, student: eagle.EagleHead, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         ids = batch.input_ids
         length = ids.shape[1] - 1

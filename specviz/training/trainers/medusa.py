@@ -59,6 +59,9 @@ class MedusaTrainer(Trainer):
     def build_student(self) -> medusa.MedusaHeads:
         return medusa.new_heads(self.target.model, self.spec.num_heads, self.spec.num_layers, std=0.0)
 
+    def load_exported(self, folder: Path) -> medusa.MedusaHeads:
+        return medusa.load_heads(folder, self.target.model)[0]
+
     def loss(self, student: medusa.MedusaHeads, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         ids = batch.input_ids
         vocab = torch.arange(self.spec.vocab_size, device=ids.device)

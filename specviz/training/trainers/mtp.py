@@ -52,6 +52,9 @@ class MtpTrainer(Trainer):
             init_from_target_layer(stack, self.target.model, _one_layer(layer, self.spec.feature_layer))
         return stack
 
+    def load_exported(self, folder: Path) -> mtp.MtpStack:
+        return mtp.load_stack(folder, self.target.model)
+
     def loss(self, student: mtp.MtpStack, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         ids = batch.input_ids
         vocab = torch.arange(self.spec.vocab_size, device=ids.device)
