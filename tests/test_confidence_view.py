@@ -6,7 +6,7 @@ import json
 import pytest
 from test_viz import make_round
 
-from specviz.engine.metrics import FORMULAS, calibration, confidence_samples
+from specviz.engine.metrics import FORMULAS, calibration, confidence_samples, head_confidence_samples
 from specviz.viz.confidence import block_positions, confidence_spec
 
 
@@ -114,3 +114,37 @@ def test_a_hand_edited_trace_draws_less_and_never_fails():
     rows = block_positions(odd[2])
     assert [r["outcome"] for r in rows] == ["accepted", "rejected", "cut"] and rows[1]["q"] is None
     assert rows[2]["q"] is None and rows[0]["c"] == 0.5  # unreadable head values fall back to survival ratios
+
+
+def recalibrated_round():
+    """A DSpark round whose schedule multiplied recalibrated ĉ (``meta["calibrated"]``), the head's own beside them."""
+    round_ = dspark_round()
+    return dataclasses.replace(round_, confidence=[0.5, 0.25],
+                               meta={**round_.meta, "calibrated": [0.5, 0.5, 0.4, 0.25]})
+
+
+def test_recalibrated_confidence_is_what_the_block_shows_with_the_heads_own_beside_it():
+    rows = block_positions(recalibrated_round())
+    assert [r["c"] for r in rows] == [0.5, 0.5, 0.4, 0.25]  # what the survival multiplied
+    assert [r["head"] for r in rows] == [0.8, 0.625, 0.4, 0.25]
+    assert all(r["head"] is None for r in block_positions(dspark_round()))  # not recalibrated: one ĉ
+
+
+def test_head_samples_are_the_judged_chain_drafts_raw_values():
+    assert head_confidence_samples(recalibrated_round()) == [(0.8, True), (0.625, False)]  # cut drafts never judged
+    rejected = dataclasses.replace(recalibrated_round(), accepted=[])
+    assert head_confidence_samples(rejected) == [(0.8, False)]
+    assert head_confidence_samples(make_round([-1, -1], [0])) == []  # no head values (and a tree)
+
+
+def test_reliability_diagram_draws_both_calibrations_with_their_ece():
+    rounds = [recalibrated_round(), dataclasses.replace(recalibrated_round(), index=1, accepted=[])]
+    spec = confidence_spec(rounds)
+    names = [trace.get("name") for trace in spec["data"]]
+    assert "realised per bin (recalibrated ĉ)" in names and "the confidence head's own ĉ" in names
+    assert "confidence ĉ_k (recalibrated on this run)" in names and "confidence head's own ĉ_k" in names
+    own = calibration(rounds, head=True)
+    used = calibration(rounds)
+    assert own.samples == 3 and used.samples == 3 and own.ece != used.ece
+    title = next(a["text"] for a in spec["layout"]["annotations"] if a["text"].startswith("Run calibration"))
+    assert f"ECE {used.ece:.3f} recalibrated, {own.ece:.3f} the head's own" in title

@@ -8,6 +8,7 @@ drafter is almost never right, which would leave the accept paths untested.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -111,11 +112,13 @@ def make_drafter(case: str, model: DFlashBackbone, pack: bool = True):
         return DSparkDrafter(model, VOCAB, cost_curve=STEEP, pack=pack)
     if case == "dspark-all":
         return DSparkDrafter(model, VOCAB, schedule=False, pack=pack)
+    if case == "dspark-raw":
+        return DSparkDrafter(model, VOCAB, cost_curve=STEEP, pack=pack, calibrate=False)
     return DFlashDrafter(model, VOCAB, pack=pack)
 
 
 CASES = {"dflash-chain": DraftBudget(k=5), "dflash-ddtree": DraftBudget(tree=True, width=3, depth=5, max_nodes=12),
-         "dspark-scheduled": DraftBudget(k=7), "dspark-all": DraftBudget(k=5)}
+         "dspark-scheduled": DraftBudget(k=7), "dspark-all": DraftBudget(k=5), "dspark-raw": DraftBudget(k=7)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -130,12 +133,30 @@ def test_greedy_matches_plain(setup, forward, case):
     assert all(len(r.tokens) <= (budget.max_nodes if budget.tree else budget.k) for r in run.rounds)
     assert any(len(r.accepted) < len(r.tokens) for r in run.rounds)
     assert any(len(r.accepted) > 0 for r in run.rounds)  # the fitted drafter is partly right
-    if case == "dspark-scheduled":  # the schedule cut some rounds, and its choice is on record
+    if case in ("dspark-scheduled", "dspark-raw"):  # the schedule cut some rounds, and its choice is on record
         assert {r.meta["verify_length"] for r in run.rounds} != {7}
         assert all(len(r.tokens) == r.meta["schedule"]["length"] for r in run.rounds)
         _check_the_cut_is_drawn(run, drafter)
+        _check_the_calibration(run, drafter)
     if case == "dflash-ddtree":
         assert any(not _is_chain(r.parents) for r in run.rounds)
+
+
+def _check_the_calibration(run: Generation, drafter: DSparkDrafter) -> None:
+    """The survival multiplies the recalibrated ĉ (or the head's own without calibration); the calibration learnt
+    from exactly the drafts the target judged, and the survival after it follows what the run accepted."""
+    rounds = [r for r in run.rounds if r.tokens]
+    for r in rounds:
+        used = r.meta["calibrated"] if drafter.calibrate else r.meta["confidence_head"]
+        assert r.confidence == pytest.approx(cost_curve.survival(used)[: len(r.tokens)], abs=1e-5)
+    if not drafter.calibrate:
+        assert drafter.calibration is None and all(r.meta["calibrated"] is None for r in rounds)
+        return
+    judged = sum(min(len(r.tokens), len(r.accepted) + 1) for r in rounds[:-1])  # the last round's not yet committed
+    assert sum(drafter.calibration.trials) >= judged
+    assert sum(drafter.calibration.hits) >= sum(len(r.accepted) for r in rounds[:-1])
+    assert rounds[0].meta["calibrated"] == pytest.approx(rounds[0].meta["confidence_head"], abs=1e-5)  # no past yet
+    assert any(r.meta["calibrated"] != pytest.approx(r.meta["confidence_head"], abs=1e-3) for r in rounds[1:])
 
 
 def _check_the_cut_is_drawn(run: Generation, drafter: DSparkDrafter) -> None:
@@ -250,6 +271,7 @@ def test_tree_and_chain_records(setup):
 
     class KeepingSpark(DSparkDrafter):
         def propose(self, *args):
+            self.before = copy.deepcopy(self.calibration)  # what this round's ĉ are recalibrated with
             self.schedule = False  # the whole block first (the same block: its forward only reads the cache)
             blocks.append(super().propose(*args))
             self.schedule = True
@@ -263,7 +285,9 @@ def test_tree_and_chain_records(setup):
         heads = meta["confidence_head"]  # the drafted positions: up to the one that ended the schedule's scan
         cap = len(whole["confidence_head"])  # 7, or what is left to generate
         assert all(0.0 < c < 1.0 for c in heads)
-        assert meta["survival"] == pytest.approx([math.prod(heads[: i + 1]) for i in range(len(heads))], abs=1e-5)
+        used = meta["calibrated"]  # the head's ĉ recalibrated on the rounds before this one
+        assert used == pytest.approx([drafter.before(c) for c in heads], abs=1e-5)
+        assert meta["survival"] == pytest.approx([math.prod(used[: i + 1]) for i in range(len(used))], abs=1e-5)
         assert chain.confidence == pytest.approx(meta["survival"][: len(chain)], abs=1e-5)
         # the early stop changes nothing: the same drafts and the choice the whole block's survival gives
         expected = cost_curve.best_prefix(whole["survival"], STEEP, cap)
@@ -491,6 +515,52 @@ def test_dspark_without_a_confidence_head_cuts_only_on_earlier_drafts(sampling_t
     counts, lengths = engine_counts(target, drafter, DraftBudget(k=2), samples=800)
     assert lengths == {1, 2}
     assert chi_square_p(counts, exact) > PASS_P
+
+
+class Experienced(DSparkDrafter):
+    """A DSpark drafter whose calibration starts with a long history (as if many rounds had run) that swaps two
+    bins: drafts rated 0.9–1 were accepted a fifth of the time, those rated 0.6–0.7 always. The drafter's second
+    ĉ is about 1.0 or 0.62 (its first 0.58): raw, the schedule verifies 2 after the first and 1 after the second;
+    recalibrated, the other way round."""
+
+    def begin(self, prompt_ids):
+        super().begin(prompt_ids)
+        bins = self.calibration.bins
+        self.calibration.trials = [200] * bins
+        self.calibration.hits = [round(200 * (b + 0.5) / bins) for b in range(bins)]
+        self.calibration.hits[9], self.calibration.hits[6] = 40, 200
+
+
+def test_recalibrated_schedule_keeps_the_target_distribution(sampling_target):
+    """A cut chosen on confidences recalibrated from earlier rounds depends on the draft and the past only: the
+    output keeps the target's law, with the cut really moved by the calibration."""
+    target, exact = sampling_target
+    plain = sampling_dspark(target)
+    drafter = Experienced(plain.model, V, cost_curve=plain.cost_curve)
+    seen = []
+    propose = drafter.propose
+    drafter.propose = lambda *args: seen.append(propose(*args)) or seen[-1]
+    counts, lengths = engine_counts(target, drafter, DraftBudget(k=2), samples=800)
+    assert lengths == {1, 2}
+    flipped = [len(tree) for tree in seen if len(tree.meta["confidence_head"]) == 2
+               and tree.meta["confidence_head"][1] > 0.9]
+    assert flipped and set(flipped) == {1}  # raw, these would have verified 2
+    assert chi_square_p(counts, exact) > PASS_P
+
+
+def test_online_calibration_follows_the_judged_drafts():
+    from specviz.drafters.confidence import OnlineCalibration
+
+    calibration = OnlineCalibration(bins=10, weight=4.0)
+    assert calibration(0.85) == 0.85 and calibration(0.0) == 0.0 and calibration(1.0) == 1.0  # no past: the raw ĉ
+    calibration.record([0.85, 0.87, 0.15], accepted=1, judged=3)  # the third draft was never judged
+    assert calibration.trials[8] == 2 and calibration.hits[8] == 1 and sum(calibration.trials) == 2
+    assert calibration(0.85) == pytest.approx((1 + 4 * 0.85) / (2 + 4))
+    calibration.record([0.15, 0.15], accepted=2, judged=2)  # every draft accepted: both judged
+    assert calibration.trials[1] == 2 and calibration.hits[1] == 2
+    for _ in range(100):
+        calibration.record([0.95], accepted=0, judged=1)
+    assert calibration(0.95) < 0.05  # a confident bin that is never accepted falls toward what happened
 
 
 def test_dspark_broken_residual_is_detected(sampling_target, monkeypatch):
@@ -796,6 +866,9 @@ def test_registry_specs(tmp_path, setup):
     assert scheduled.cost_curve.source == "measured on tiny-llama" and scheduled.cost_curve.widths[-1] == 8
     fixed = registry.build(f"dspark:fixed:{dspark_dir}", target, {})
     assert not fixed.schedule and fixed.name == f"dspark:fixed:{dspark_dir}"
+    raw = registry.build(f"dspark:raw:{dspark_dir}", target, {})
+    assert raw.schedule and not raw.calibrate and raw.describe()["confidence_calibration"] == "off"
+    assert scheduled.calibrate and scheduled.describe()["confidence_calibration"] == "online"
     with pytest.raises(SpecvizError, match="load it as dspark:"):
         registry.build(f"dflash:{dspark_dir}", target, {})
     assert registry.trainers()["dflash"].name == "dflash" and registry.trainers()["dspark"].name == "dspark"

@@ -50,6 +50,7 @@ from transformers import DynamicCache
 from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
 from specviz.drafters import dflash_layouts as layouts
 from specviz.drafters.checkpoint_files import read_tensors
+from specviz.drafters.confidence import OnlineCalibration
 from specviz.drafters.dflash_layouts import BlockSpec
 from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rotate_half, target_parts
 from specviz.drafters.registry import DrafterFamily, register
@@ -528,16 +529,32 @@ class DSparkDrafter(BlockDrafter):
     kind = "dspark"
 
     def __init__(self, model: DFlashBackbone, vocab_size: int, name: str | None = None, *, schedule: bool = True,
-                 cost_curve: CostCurve | None = None, pack: bool = True, draft_quant: str = "off"):
+                 cost_curve: CostCurve | None = None, pack: bool = True, draft_quant: str = "off",
+                 calibrate: bool = True):
         super().__init__(model, vocab_size, name, pack, draft_quant)
         self.schedule = schedule
         self.cost_curve = cost_curve or CostCurve.flat("flat (no curve given)")
+        self.calibrate = calibrate
+        self.calibration: OnlineCalibration | None = None
+        self._judged: list[float] = []  # raw confidences of the drafts the last round verifies
 
     def describe(self) -> dict:
         spec = self.spec
         return {**super().describe(), "markov_rank": spec.markov_rank, "markov_type": spec.markov_type,
                 "confidence_head": spec.confidence_head, "schedule": self.schedule,
+                "confidence_calibration": "online" if self.calibrate else "off",
                 "cost_curve": self.cost_curve.to_dict()}
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        super().begin(prompt_ids)
+        self.calibration = OnlineCalibration() if self.calibrate else None
+        self._judged = []
+
+    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        super().commit(context, tree, accepted)
+        if self.calibration is not None and self._judged:
+            self.calibration.record(self._judged, accepted=len(accepted), judged=len(tree))
+        self._judged = []
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
@@ -545,15 +562,17 @@ class DSparkDrafter(BlockDrafter):
         hidden, base = self.block(context)
         cap = min(budget.max_depth, self.spec.drafts)
         scan = cost_curve.PrefixScan(self.cost_curve, cap) if self.schedule else None
-        tokens, rows, estimates = self._draft(context[-1], hidden, base, cap, sampling, generator, scan)
+        tokens, rows, raw, estimates = self._draft(context[-1], hidden, base, cap, sampling, generator, scan)
         q_token = [float(rows[i, t]) for i, t in enumerate(tokens)]
         survival = cost_curve.survival(estimates)
         plan = scan.schedule if scan is not None else None
         length = plan.length if plan is not None else cap
         q_dist = torch.zeros(length + 1, self.vocab_size)
         q_dist[: min(length + 1, len(tokens))] = rows[: length + 1]
-        heads = estimates if self.runner.confidence_head is not None else None
+        heads = raw if self.runner.confidence_head is not None else None
+        self._judged = raw[:length]
         meta = {"block": self._block_meta(tokens, q_token), "survival": [round(s, 6) for s in survival],
+                "calibrated": None if self.calibration is None else [round(c, 6) for c in estimates],
                 "pruned": cost_curve.cut_tail(tokens, q_token, survival, length),
                 "confidence_head": None if heads is None else [round(c, 6) for c in heads],
                 "verify_length": length, "schedule": None if plan is None else
@@ -563,10 +582,11 @@ class DSparkDrafter(BlockDrafter):
 
     def _draft(self, anchor: int, hidden: torch.Tensor, base: torch.Tensor, count: int, sampling: SamplingConfig,
                generator: torch.Generator, scan: cost_curve.PrefixScan | None
-               ) -> tuple[list[int], torch.Tensor, list[float]]:
+               ) -> tuple[list[int], torch.Tensor, list[float], list[float]]:
         """Left to right: x_k from base_k + W2 W1[x_{k-1}] (x_{-1} = anchor), argmax or drawn, until ``scan`` (the
         confidence schedule) is over or ``count`` are drafted. Returns the tokens, the distributions they came from
-        (softmax when greedy) and each one's confidence estimate ĉ_k.
+        (softmax when greedy), each one's raw confidence and the estimate ĉ_k the schedule used (the raw one
+        recalibrated on this run's outcomes so far, or itself without calibration).
 
         ĉ_k must not depend on x_k itself, or cutting on it would bias sampled output: the confidence head reads
         [h_k ; W1[x_{k-1}]]; without one, the mode's probability of the row x_k is drawn from stands in. The draft
@@ -575,6 +595,7 @@ class DSparkDrafter(BlockDrafter):
         model = self.runner
         tokens: list[int] = []
         rows = torch.zeros(count, self.vocab_size)
+        raw: list[float] = []
         estimates: list[float] = []
         survival, previous = 1.0, anchor
         for k in range(count):
@@ -591,28 +612,34 @@ class DSparkDrafter(BlockDrafter):
                 rows[k] = probabilities(logits.cpu(), sampling)
                 previous = sample(rows[k], generator)
             tokens.append(previous)
-            estimates.append(float(head) if head is not None else float(rows[k].max()))
+            raw.append(float(head) if head is not None else float(rows[k].max()))
+            estimates.append(self.calibration(raw[-1]) if self.calibration is not None else raw[-1])
             survival *= estimates[-1]
             if scan is not None and scan.add(survival):
                 break
-        return tokens, rows[: len(tokens)], estimates
+        return tokens, rows[: len(tokens)], raw, estimates
 
 
 # ---- the families -----------------------------------------------------------------------------------------------
-#: ``dspark:fixed[:<source>]`` verifies every draft the budget allows (no schedule).
-FIXED = "fixed"
+#: DSpark's modes, a prefix of the spec's argument: ``dspark:fixed[:<source>]`` verifies every draft the budget
+#: allows (no schedule); ``dspark:raw[:<source>]`` schedules on the confidence head's own values; plain ``dspark``
+#: schedules on them recalibrated online to this run's verification (``confidence.OnlineCalibration``).
+FIXED, RAW, CALIBRATED = "fixed", "raw", "calibrated"
 
 
-def split_argument(kind: str, argument: str) -> tuple[str, bool]:
-    """(source, scheduled) of a spec's argument: DSpark's ``fixed`` prefix turns the schedule off."""
-    if kind == "dspark" and (argument == FIXED or argument.startswith(FIXED + ":")):
-        return argument[len(FIXED) + 1:], False
-    return argument, kind == "dspark"
+def split_argument(kind: str, argument: str) -> tuple[str, str | None]:
+    """(source, DSpark mode) of a spec's argument (mode None for DFlash)."""
+    if kind != "dspark":
+        return argument, None
+    for mode in (FIXED, RAW):
+        if argument == mode or argument.startswith(mode + ":"):
+            return argument[len(mode) + 1:], mode
+    return argument, CALIBRATED
 
 
 def _builder(kind: str):
     def build(argument: str, target: Target, settings: Mapping[str, Any]) -> BlockDrafter:
-        source, scheduled = split_argument(kind, argument)
+        source, mode = split_argument(kind, argument)
         folder = source or checkpoint_files.shipped_dir(target.name, kind)
         if not source and not (Path(folder) / "config.json").is_file():
             raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name} yet; give {kind}:<dir or hub id>")
@@ -621,9 +648,10 @@ def _builder(kind: str):
         quant = settings["draft_quant"]
         if kind == "dflash":
             return DFlashDrafter(model, target.vocab_size, name=name, draft_quant=quant)
+        scheduled = mode != FIXED
         curve = cost_curve.measured(target, model.spec.drafts + 1) if scheduled else None
         return DSparkDrafter(model, target.vocab_size, name=name, schedule=scheduled, cost_curve=curve,
-                             draft_quant=quant)
+                             draft_quant=quant, calibrate=mode == CALIBRATED)
     return build
 
 
@@ -633,8 +661,10 @@ DESCRIPTIONS = {
     "dflash": "drafts a whole block in one forward from five target layers injected into its KV cache (z-lab "
               "DFlash); --tree grows DDTree from the block's marginals; bare name: the drafter shipped for the target",
     "dspark": "DFlash's block plus a Markov head (left-to-right correction) and a confidence head whose prefix "
-              "survival chooses how many drafts to verify on this machine's verify-cost curve (DSpark); "
-              "dspark:fixed[:<dir|hub id>] verifies them all; bare name: the drafter shipped for the target",
+              "survival chooses how many drafts to verify on this machine's verify-cost curve (DSpark), the "
+              "confidences recalibrated online to the run's verification; dspark:raw[:<dir|hub id>] schedules on the "
+              "head's own values, dspark:fixed[:<dir|hub id>] verifies every draft; bare name: the drafter shipped for "
+              "the target",
 }
 
 FAMILIES = {kind: register(DrafterFamily(

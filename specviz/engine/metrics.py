@@ -25,8 +25,9 @@ FORMULAS = {
     "wasted": "wasted verification = verified tokens that were not committed ÷ verified tokens",
     "overhead_ms": "engine overhead per round = round wall time − draft time − verify forward time",
     "calibration": "calibration: every verified draft node whose parent was accepted (or is the root) is one sample, "
-    "predicted c = confidence(node) ÷ confidence(parent) (DSpark: its confidence head's ĉ; others: the draft "
-    "probability), realised = 1 if the node was accepted; ECE = Σ over 10 equal-width bins of "
+    "predicted c = confidence(node) ÷ confidence(parent) (DSpark: the ĉ its schedule used, its confidence head's "
+    "recalibrated on the run so far, and beside it the head's own ĉ; others: the draft probability), realised = 1 "
+    "if the node was accepted; ECE = Σ over 10 equal-width bins of "
     "(samples in bin ÷ samples) × |mean realised − mean predicted|",
 }
 
@@ -194,11 +195,25 @@ def confidence_samples(round_: Round) -> list[tuple[float, bool]]:
     return samples
 
 
-def calibration(rounds: Iterable[Round], bins: int = 10) -> Calibration:
-    """Reliability-diagram bins and the expected calibration error over ``rounds`` (empty bins are left out)."""
+def head_confidence_samples(round_: Round) -> list[tuple[float, bool]]:
+    """``(ĉ, accepted)`` from a chain round's raw confidence-head values (``meta["confidence_head"]``, DSpark's), for
+    each verified draft the target judged (every draft before it was accepted); none where the round has none."""
+    heads = round_.meta.get("confidence_head") if isinstance(round_.meta, dict) else None
+    if not isinstance(heads, list) or not round_.is_chain:
+        return []
+    accepted = len(round_.accepted)
+    return [(min(1.0, max(0.0, float(c))), i < accepted)
+            for i, c in enumerate(heads[: min(len(round_.tokens), accepted + 1)])
+            if isinstance(c, (int, float)) and math.isfinite(c)]
+
+
+def calibration(rounds: Iterable[Round], bins: int = 10, *, head: bool = False) -> Calibration:
+    """Reliability-diagram bins and the expected calibration error over ``rounds`` (empty bins are left out): of the
+    confidences the rounds carry, or with ``head`` of the confidence head's own values."""
+    samples_of = head_confidence_samples if head else confidence_samples
     sums = [[0, 0.0, 0] for _ in range(bins)]  # count, predicted sum, accepted count
     for round_ in rounds:
-        for predicted, hit in confidence_samples(round_):
+        for predicted, hit in samples_of(round_):
             entry = sums[min(bins - 1, int(predicted * bins))]
             entry[0] += 1
             entry[1] += predicted

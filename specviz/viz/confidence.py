@@ -44,9 +44,11 @@ def _meta(round_: Round) -> dict:
 def block_positions(round_: Round) -> list[dict]:
     """The round's chain, verified drafts then cut ones: ``{"depth", "token", "text", "q", "c", "s", "outcome"}``.
 
-    ``c`` is the confidence head's ĉ where the drafter recorded it (``meta["confidence_head"]``), else the ratio
-    of consecutive survivals; ``outcome`` is an ``Outcome`` value, or ``"cut"`` for a draft never verified (only
-    a confidence-scheduled round's cut tail: other drafters' pruned nodes are siblings, drawn in the tree).
+    ``c`` is the ĉ the survival multiplies: DSpark's confidence head recalibrated on the run (``meta["calibrated"]``,
+    with the head's own value in ``head``), or the head's where it was not recalibrated (``meta["confidence_head"]``),
+    else the ratio of consecutive survivals; ``outcome`` is an ``Outcome`` value, or ``"cut"`` for a draft never
+    verified (only a confidence-scheduled round's cut tail: other drafters' pruned nodes are siblings, drawn in the
+    tree).
     """
     meta = _meta(round_)
     outcomes = node_outcomes(round_)
@@ -65,9 +67,10 @@ def block_positions(round_: Round) -> list[dict]:
         node = tail[depth]
         rows.append({"depth": depth, "token": node.get("token"), "text": str(node.get("text", f"#{node.get('token')}")),
                      "q": _number(node.get("q")), "s": _number(node.get("confidence")), "outcome": "cut"})
-    heads = meta.get("confidence_head")
+    heads, used = meta.get("confidence_head"), meta.get("calibrated")
     for i, row in enumerate(rows):
-        row["c"] = _at(heads, i)
+        row["head"] = _at(heads, i) if isinstance(used, list) else None  # shown beside the recalibrated ĉ
+        row["c"] = _at(used, i) if isinstance(used, list) else _at(heads, i)
         if row["c"] is None:
             above = 1.0 if i == 0 else rows[i - 1]["s"]
             row["c"] = row["s"] / above if row["s"] is not None and above else None
@@ -95,10 +98,15 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
             shapes.append(dict(type="line", xref="x", yref="paper", x0=cut, x1=cut, y0=0, y1=1,
                                line=dict(color="#333333", dash="dash", width=1)))
             notes.append((f"verify ℓ = {schedule['length']}", cut, 1.04, "x"))
-    result = calibration(rounds)
-    data += _calibration_traces(result)
-    calibration_title = (f"Run calibration: ECE {result.ece:.3f}, {result.samples} drafts"
-                         if result.samples else "Run calibration: no drafts with a confidence yet")
+    result, own = calibration(rounds), calibration(rounds, head=True)
+    recalibrated = own.samples and any(isinstance(_meta(r).get("calibrated"), list) for r in rounds)
+    data += _calibration_traces(result, "realised per bin (recalibrated ĉ)" if recalibrated else "realised per bin")
+    if recalibrated:
+        data += _calibration_traces(own, "the confidence head's own ĉ", dash="dot")[1:]
+    calibration_title = ("Run calibration: no drafts with a confidence yet" if not result.samples else
+                         f"Run calibration: ECE {result.ece:.3f} recalibrated, {own.ece:.3f} the head's own; "
+                         f"{result.samples} drafts" if recalibrated else
+                         f"Run calibration: ECE {result.ece:.3f}, {result.samples} drafts")
     annotations = [dict(text=t, x=x, y=y, xref=xref, yref="paper", showarrow=False, xanchor="center",
                         font=dict(size=11, color="#555555")) for t, x, y, xref in notes]
     annotations += [dict(text=t, x=x, y=1.1, xref="paper", yref="paper", showarrow=False, xanchor="left",
@@ -126,14 +134,20 @@ def _block_traces(rows: list[dict]) -> list[dict]:
              for row in rows]
     texts = [row["text"] for row in rows]
     hover = [f"position {row['depth']} · {escape(repr(text))} · {name}" for row, text, name in zip(rows, texts, names)]
+    recalibrated = any(row.get("head") is not None for row in rows)
     return [
         dict(type="bar", x=depth, y=[row["q"] for row in rows], name="draft probability q", xaxis="x", yaxis="y",
              marker=dict(color=colors, line=dict(color="#777777", width=[1 if c == CUT_COLOR else 0 for c in colors])),
              text=[label(t, 8) for t in texts], textposition="inside", insidetextanchor="start",
              hovertext=hover, hovertemplate="%{hovertext}<br>q = %{y:.3f}<extra></extra>"),
-        dict(type="scatter", x=depth, y=[row["c"] for row in rows], mode="lines+markers", name="confidence ĉ_k",
+        dict(type="scatter", x=depth, y=[row["c"] for row in rows], mode="lines+markers",
+             name="confidence ĉ_k (recalibrated on this run)" if recalibrated else "confidence ĉ_k",
              line=dict(color=CONFIDENCE_COLOR), xaxis="x", yaxis="y",
              hovertemplate="position %{x}: ĉ = %{y:.3f}<extra></extra>"),
+        *([dict(type="scatter", x=depth, y=[row["head"] for row in rows], mode="markers",
+                name="confidence head's own ĉ_k", marker=dict(color=CONFIDENCE_COLOR, symbol="circle-open", size=9),
+                xaxis="x", yaxis="y", hovertemplate="position %{x}: the head's ĉ = %{y:.3f}<extra></extra>")]
+          if recalibrated else []),
         dict(type="scatter", x=depth, y=[row["s"] for row in rows], mode="lines+markers", name="survival s_k",
              line=dict(color=SURVIVAL_COLOR, dash="dot"), xaxis="x", yaxis="y",
              hovertemplate="position %{x}: s = %{y:.3f}<extra></extra>"),
@@ -159,7 +173,7 @@ def _schedule_traces(schedule: dict) -> list[dict]:
     return traces
 
 
-def _calibration_traces(result) -> list[dict]:
+def _calibration_traces(result, name: str, dash: str = "solid") -> list[dict]:
     diagonal = dict(type="scatter", x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration", xaxis="x3",
                     yaxis="y3", line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip", showlegend=False)
     if not result.bins:
@@ -167,8 +181,9 @@ def _calibration_traces(result) -> list[dict]:
     largest = max(b.count for b in result.bins)
     return [diagonal, dict(
         type="scatter", x=[b.predicted for b in result.bins], y=[b.realised for b in result.bins],
-        mode="markers+lines", name="realised per bin", xaxis="x3", yaxis="y3", line=dict(color=CONFIDENCE_COLOR),
-        marker=dict(size=[6 + 14 * (b.count / largest) ** 0.5 for b in result.bins], color=CONFIDENCE_COLOR),
+        mode="markers+lines", name=name, xaxis="x3", yaxis="y3", line=dict(color=CONFIDENCE_COLOR, dash=dash),
+        marker=dict(size=[6 + 14 * (b.count / largest) ** 0.5 for b in result.bins], color=CONFIDENCE_COLOR,
+                    symbol="circle" if dash == "solid" else "circle-open"),
         customdata=[[b.low, b.high, b.count] for b in result.bins],
         hovertemplate="predicted %{customdata[0]:.1f}–%{customdata[1]:.1f} (mean %{x:.2f}): "
                       "%{y:.2f} accepted of %{customdata[2]}<extra></extra>")]
