@@ -109,12 +109,15 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     chain = table[f"{draft} chain k=3"][OVERALL]
     assert chain["tau"] == pytest.approx(table[f"hf assisted {draft} k=3"][OVERALL]["tau"])  # same rounds
     assert len(chain["conditional"]) == 3
+    assert 0.0 <= chain["confidence_ece"] <= 1.0 and chain["head_ece"] is None  # draft probabilities, no head
+    assert table[PLAIN_ROW][OVERALL]["confidence_ece"] is None
     for prompt in data["prompts"]:  # A B A C A ... A: one plain run before, between and after the configurations
         assert len(prompt["plain_tokens_per_s"]) == len(expected) + 1
     assert len(data["runs"]) == 2 * len(expected)
     assert all(run["identical"] for run in data["runs"])
     markdown = (out / "results.md").read_text()
     assert "## Speedup by category" in markdown and "## Per-position acceptance" in markdown
+    assert f"| {draft} chain k=3 | {chain['confidence_ece']:.3f} | – |" in markdown  # the calibration table
     assert data["command"] in markdown and data["machine"]["cpu"] in markdown
     cost = data["verify_cost"]
     assert list(cost["paths"]) == ["fast", "hf"]  # the fast path and transformers' own forward, side by side

@@ -103,6 +103,15 @@ def markdown(summary: Summary, meta: dict) -> str:
                   "Conditional: P(depth d accepted | depth d−1 accepted and drafted).", "",
                   *per_position(summary, "conditional"), "",
                   "Cumulative: P(accepted length ≥ d).", "", *per_position(summary, "cumulative"), ""]
+    calibrated = [n for n in summary.rows[1:] if summary.table[n][OVERALL].confidence_ece is not None]
+    if calibrated:
+        lines += ["## Confidence calibration (all prompts)", "",
+                  "ECE of the drafter's confidence against the target's verdicts (`FORMULAS[\"calibration\"]`): "
+                  "the confidence the rounds carry (DSpark: the recalibrated ĉ its schedule used) and a confidence "
+                  "head's own.", "",
+                  *_table(["configuration", "ECE of the confidence used", "ECE of the head's own ĉ"],
+                          [[n, _num(summary.table[n][OVERALL].confidence_ece, 3),
+                            _num(summary.table[n][OVERALL].head_ece, 3)] for n in calibrated]), ""]
     if meta.get("verify_cost"):
         lines += verify_cost_section(meta["verify_cost"])
     slower = [n for n in summary.rows[1:]

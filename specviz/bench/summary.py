@@ -60,6 +60,10 @@ class Stats:
     draft_ms: float | None
     verify_ms: float | None
     other_ms: float | None
+    #: expected calibration error of the confidences the rounds carry (DSpark: what its schedule used), and of a
+    #: confidence head's own values; None where the drafter sets none
+    confidence_ece: float | None = None
+    head_ece: float | None = None
 
     @property
     def slower_than_plain(self) -> bool:
@@ -124,7 +128,13 @@ def stats_for(samples: Sequence[Sample], greedy: bool) -> Stats:
         draft_ms=measured.draft_ms if measured else None,
         verify_ms=measured.verify_ms if measured else None,
         other_ms=measured.overhead_ms if measured else None,
+        confidence_ece=_ece(metrics.calibration(rounds)),
+        head_ece=_ece(metrics.calibration(rounds, head=True)),
     )
+
+
+def _ece(result: metrics.Calibration) -> float | None:
+    return result.ece if result.samples else None
 
 
 def plain_stats(prompts: Sequence[PromptRuns], greedy: bool) -> Stats:
