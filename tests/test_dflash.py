@@ -25,6 +25,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from specviz.drafters import ddtree, registry
 from specviz.drafters import dflash_layouts as layouts
+from specviz.drafters.confidence import OnlineCalibration
 from specviz.drafters.dflash import (
     SMOLLM2_MASK_TOKEN_ID,
     DFlashBackbone,
@@ -152,9 +153,11 @@ def _check_the_calibration(run: Generation, drafter: DSparkDrafter) -> None:
     if not drafter.calibrate:
         assert drafter.calibration is None and all(r.meta["calibrated"] is None for r in rounds)
         return
-    judged = sum(min(len(r.tokens), len(r.accepted) + 1) for r in rounds[:-1])  # the last round's not yet committed
-    assert sum(drafter.calibration.trials) >= judged
-    assert sum(drafter.calibration.hits) >= sum(len(r.accepted) for r in rounds[:-1])
+    rebuilt = OnlineCalibration()  # every round is committed, the last one included
+    for r in rounds:
+        rebuilt.record(r.meta["confidence_head"][: len(r.tokens)], accepted=len(r.accepted), judged=len(r.tokens))
+    assert drafter.calibration.trials == rebuilt.trials and drafter.calibration.hits == rebuilt.hits
+    assert sum(rebuilt.trials) == sum(min(len(r.tokens), len(r.accepted) + 1) for r in rounds)
     assert rounds[0].meta["calibrated"] == pytest.approx(rounds[0].meta["confidence_head"], abs=1e-5)  # no past yet
     assert any(r.meta["calibrated"] != pytest.approx(r.meta["confidence_head"], abs=1e-3) for r in rounds[1:])
 
@@ -542,15 +545,15 @@ def test_recalibrated_schedule_keeps_the_target_distribution(sampling_target):
     drafter.propose = lambda *args: seen.append(propose(*args)) or seen[-1]
     counts, lengths = engine_counts(target, drafter, DraftBudget(k=2), samples=800)
     assert lengths == {1, 2}
-    flipped = [len(tree) for tree in seen if len(tree.meta["confidence_head"]) == 2
-               and tree.meta["confidence_head"][1] > 0.9]
-    assert flipped and set(flipped) == {1}  # raw, these would have verified 2
+    flipped = [tree for tree in seen
+               if len(tree.meta["confidence_head"]) == 2 and tree.meta["confidence_head"][1] > 0.9]
+    assert flipped and {len(tree) for tree in flipped} == {1}
+    raw = cost_curve.survival(flipped[0].meta["confidence_head"])
+    assert cost_curve.best_prefix(raw, drafter.cost_curve, 2).length == 2  # on the head's own ĉ: 2
     assert chi_square_p(counts, exact) > PASS_P
 
 
 def test_online_calibration_follows_the_judged_drafts():
-    from specviz.drafters.confidence import OnlineCalibration
-
     calibration = OnlineCalibration(bins=10, weight=4.0)
     assert calibration(0.85) == 0.85 and calibration(0.0) == 0.0 and calibration(1.0) == 1.0  # no past: the raw ĉ
     calibration.record([0.85, 0.87, 0.15], accepted=1, judged=3)  # the third draft was never judged

@@ -423,8 +423,9 @@ def test_one_feature_extraction_serves_every_family_that_reads_a_subset_of_its_l
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark", "eagle", "eagle3", "mtp", "medusa"])
 def test_init_from_continues_an_exported_drafter(tmp_path, capsys, kind):
-    """``--init-from`` starts the student at an exported drafter's weights (a run of zero steps saves exactly them,
-    not a fresh initialisation); another family's folder and a family without a loader get one-line errors."""
+    """``--init-from`` starts the student at an exported drafter's weights (fp16, as shipped: a run of zero steps
+    saves exactly them, not a fresh initialisation); another family's folder, or the same family built with other
+    settings, gets a one-line error."""
     target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=4)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(story(7, 600))
@@ -432,29 +433,36 @@ def test_init_from_continues_an_exported_drafter(tmp_path, capsys, kind):
               "--prompts", "4", "--eval-prompts", "2", "--gen-tokens", "5", "--gen-batch", "4", "--corpus-tokens",
               "100", "--save-every", "2", "--cache-dir", str(tmp_path / "cache"), "--seed", "1"]
     mask = ["--set", "mask_token_id=1"]  # the tiny tokenizer has no mask token: the block families need one named
-    common += mask if kind in ("dflash", "dspark") else []
-    assert main([kind, *common, "--out", str(tmp_path / "first"), "--steps", "3", "--lr", "0.05"]) == 0
-    assert main([kind, *common, "--out", str(tmp_path / "warm"), "--steps", "0",
-                 "--init-from", str(tmp_path / "first" / "final")]) == 0
-    assert main([kind, *common, "--out", str(tmp_path / "cold"), "--steps", "0"]) == 0
-    trained, warm, cold = (load_file(str(next((tmp_path / run / "final").glob("*.safetensors"))))
-                           for run in ("first", "warm", "cold"))
-    assert trained.keys() == warm.keys()
-    for key in trained:
-        torch.testing.assert_close(warm[key], trained[key], rtol=0, atol=0)
-    assert any(not torch.equal(cold[key], trained[key]) for key in trained)
+    blocks = ("dflash", "dspark")
+    own = [*common, *(mask if kind in blocks else [])]
+    shipped = tmp_path / "shipped"
+    assert main([kind, *own, "--out", str(tmp_path / "first"), "--steps", "3", "--lr", "0.05",
+                 "--export", str(shipped)]) == 0
+    assert main([kind, *own, "--out", str(tmp_path / "warm"), "--steps", "0", "--init-from", str(shipped)]) == 0
+    assert main([kind, *own, "--out", str(tmp_path / "cold"), "--steps", "0"]) == 0
+    exported, warm, cold = (load_file(str(next(folder.glob("*.safetensors"))))
+                            for folder in (shipped, tmp_path / "warm" / "final", tmp_path / "cold" / "final"))
+    assert exported.keys() == warm.keys() and exported[next(iter(exported))].dtype == torch.float16
+    for key in exported:
+        torch.testing.assert_close(warm[key], exported[key].to(warm[key].dtype), rtol=0, atol=0)
+    assert any(not torch.equal(cold[key], warm[key]) for key in warm)
     metrics = json.loads((tmp_path / "warm" / "metrics.json").read_text())
-    assert metrics["init_from"] == str(tmp_path / "first" / "final")
+    assert metrics["init_from"] == str(shipped)
     other = {"dflash": "dspark", "dspark": "dflash", "eagle": "eagle3", "eagle3": "eagle", "mtp": "medusa",
              "medusa": "mtp"}[kind]
     capsys.readouterr()
-    common += mask if other in ("dflash", "dspark") and kind not in ("dflash", "dspark") else []
-    assert main([other, *common, "--out", str(tmp_path / "wrong"), "--steps", "0",
-                 "--init-from", str(tmp_path / "first" / "final")]) == 2
-    assert len(capsys.readouterr().err.strip().splitlines()[-1]) < 300
+    assert main([other, *common, *(mask if other in blocks else []), "--out", str(tmp_path / "wrong"),
+                 "--steps", "0", "--init-from", str(shipped)]) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(shipped.name) in message and ("not a" in message or "not this student's" in message
+                                             or "config" in message or "layout" in message), message
+    if kind in blocks:  # the same family, another block size: refused by name, not silently retrained
+        assert main([kind, *own, "--set", "block_size=5", "--out", str(tmp_path / "other"), "--steps", "0",
+                     "--init-from", str(shipped)]) == 2
+        assert "its block_size is" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_init_from_is_refused_for_the_draft_lm(tmp_path, capsys):
+def test_init_from_is_refused_for_the_draft_lm_before_any_data_is_built(tmp_path, capsys):
     target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=2)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(story(2, 300))
@@ -464,3 +472,4 @@ def test_init_from_is_refused_for_the_draft_lm(tmp_path, capsys):
                  "--init-from", str(tmp_path)])
     assert code == 2
     assert "--init-from is not supported for draft-lm" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "cache").exists()

@@ -6,6 +6,10 @@ gives both calibration errors). ``OnlineCalibration`` is histogram binning learn
 bin b become ``(hits_b + w·ĉ) / (trials_b + w)``, where a trial is a draft the target judged (every draft before it
 in the chain was accepted). A fresh run starts at the head's own values and follows the rule it is verified by.
 
+A bin learns only from drafts that were verified: one whose estimate fell low sees its drafts cut and learns
+slowly (the first draft of a round is always verified, so that position keeps learning). With ten bins and a prior
+of four pseudo-trials, a bin follows the run after a few dozen judged drafts, a few hundred tokens of text.
+
 It only reads outcomes of rounds already verified, so a cut chosen with it depends on the draft and on the past,
 never on the target's answer to the round being verified: verification stays lossless (docs/dflash.md).
 """
@@ -40,6 +44,3 @@ class OnlineCalibration:
             b = self._bin(value)
             self.trials[b] += 1
             self.hits[b] += i < accepted
-
-    def to_dict(self) -> dict:
-        return {"bins": self.bins, "prior_weight": self.weight, "trials": list(self.trials), "hits": list(self.hits)}

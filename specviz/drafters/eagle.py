@@ -303,8 +303,8 @@ def new_head(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = No
     if draft_ids is not None:
         ids = draft_ids.to(torch.long).flatten().sort().values
         layouts.check_draft_ids(ids, spec.vocab_size)
-    if spec.reduced_vocab:  # a draft vocabulary as large as the target's is the identity: no map to store
-        head.d2t.copy_(ids - torch.arange(ids.numel()))
+        if spec.reduced_vocab:  # a draft vocabulary as large as the target's is the identity: no map to store
+            head.d2t.copy_(ids - torch.arange(ids.numel()))
     return head.to(dtype=dtype)
 
 

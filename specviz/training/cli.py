@@ -66,6 +66,7 @@ def train(args: argparse.Namespace) -> dict:
                "init_layers": args.init_layers, "target_name": args.target,
                **trainer_options(trainer_cls, args.trainer_options)}
     trainer = trainer_cls(target, options)
+    warm = trainer.load_exported(args.init_from) if args.init_from is not None else None  # refused before the data
     request = trainer.features()
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
                     extra_prompts=args.extra_prompts,
@@ -84,8 +85,8 @@ def train(args: argparse.Namespace) -> dict:
     trainer.prepare(train_set)
     torch.manual_seed(args.seed)
     student = trainer.build_student()
-    if args.init_from is not None:
-        warm_start(trainer, student, args.init_from)
+    if warm is not None:
+        warm_start(trainer, student, warm, args.init_from)
         log(f"student initialised from {args.init_from}")
     config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                          warmup=args.warmup, seed=args.seed, save_every=args.save_every, log_every=args.log_every,
@@ -115,7 +116,7 @@ def train(args: argparse.Namespace) -> dict:
         "data_seconds": data_seconds, "train_seconds": train_seconds,
         "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
         "heldout": metrics, "heldout_prompt_files": file_metrics,
-        "command": command, "init_from": str(args.init_from) if args.init_from else None,
+        "command": command, "init_from": str(args.init_from) if warm is not None and not result["resumed"] else None,
         "student_config": trainer.describe_student(student),
         "trainer_options": getattr(trainer, "opts", {}), "history": history,
     }
@@ -124,6 +125,8 @@ def train(args: argparse.Namespace) -> dict:
         before = json.loads(previous.read_text())
         summary["commands"] = [*before.get("commands", [before["command"]]), command]
         summary["train_seconds"] += before.get("train_seconds", 0.0)  # the steps it resumed from
+        if result["resumed"]:  # a warm start belongs to the run that began the chain
+            summary["init_from"] = before.get("init_from")
     previous.write_text(json.dumps(summary, indent=2))
     log(f"held-out top-1 agreement {metrics['top1_agreement']:.3f}, simulated chain tau "
         f"{metrics['simulated_chain_tau']}; saved {final}")

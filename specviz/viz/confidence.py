@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from specviz.engine.metrics import calibration
+from specviz.engine.metrics import Calibration, calibration
 from specviz.engine.round import Round
 from specviz.viz.charts import FONT, _axis
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
@@ -69,6 +69,7 @@ def block_positions(round_: Round) -> list[dict]:
                      "q": _number(node.get("q")), "s": _number(node.get("confidence")), "outcome": "cut"})
     heads, used = meta.get("confidence_head"), meta.get("calibrated")
     for i, row in enumerate(rows):
+        row["recalibrated"] = isinstance(used, list)
         row["head"] = _at(heads, i) if isinstance(used, list) else None  # shown beside the recalibrated ĉ
         row["c"] = _at(used, i) if isinstance(used, list) else _at(heads, i)
         if row["c"] is None:
@@ -99,7 +100,7 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
                                line=dict(color="#333333", dash="dash", width=1)))
             notes.append((f"verify ℓ = {schedule['length']}", cut, 1.04, "x"))
     result, own = calibration(rounds), calibration(rounds, head=True)
-    recalibrated = own.samples and any(isinstance(_meta(r).get("calibrated"), list) for r in rounds)
+    recalibrated = bool(own.samples) and any(isinstance(_meta(r).get("calibrated"), list) for r in rounds)
     data += _calibration_traces(result, "realised per bin (recalibrated ĉ)" if recalibrated else "realised per bin")
     if recalibrated:
         data += _calibration_traces(own, "the confidence head's own ĉ", dash="dot")[1:]
@@ -134,7 +135,8 @@ def _block_traces(rows: list[dict]) -> list[dict]:
              for row in rows]
     texts = [row["text"] for row in rows]
     hover = [f"position {row['depth']} · {escape(repr(text))} · {name}" for row, text, name in zip(rows, texts, names)]
-    recalibrated = any(row.get("head") is not None for row in rows)
+    recalibrated = any(row.get("recalibrated") for row in rows)
+    with_head = any(row.get("head") is not None for row in rows)
     return [
         dict(type="bar", x=depth, y=[row["q"] for row in rows], name="draft probability q", xaxis="x", yaxis="y",
              marker=dict(color=colors, line=dict(color="#777777", width=[1 if c == CUT_COLOR else 0 for c in colors])),
@@ -147,7 +149,7 @@ def _block_traces(rows: list[dict]) -> list[dict]:
         *([dict(type="scatter", x=depth, y=[row["head"] for row in rows], mode="markers",
                 name="confidence head's own ĉ_k", marker=dict(color=CONFIDENCE_COLOR, symbol="circle-open", size=9),
                 xaxis="x", yaxis="y", hovertemplate="position %{x}: the head's ĉ = %{y:.3f}<extra></extra>")]
-          if recalibrated else []),
+          if with_head else []),
         dict(type="scatter", x=depth, y=[row["s"] for row in rows], mode="lines+markers", name="survival s_k",
              line=dict(color=SURVIVAL_COLOR, dash="dot"), xaxis="x", yaxis="y",
              hovertemplate="position %{x}: s = %{y:.3f}<extra></extra>"),
@@ -173,7 +175,7 @@ def _schedule_traces(schedule: dict) -> list[dict]:
     return traces
 
 
-def _calibration_traces(result, name: str, dash: str = "solid") -> list[dict]:
+def _calibration_traces(result: Calibration, name: str, dash: str = "solid") -> list[dict]:
     diagonal = dict(type="scatter", x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration", xaxis="x3",
                     yaxis="y3", line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip", showlegend=False)
     if not result.bins:
@@ -186,4 +188,4 @@ def _calibration_traces(result, name: str, dash: str = "solid") -> list[dict]:
                     symbol="circle" if dash == "solid" else "circle-open"),
         customdata=[[b.low, b.high, b.count] for b in result.bins],
         hovertemplate="predicted %{customdata[0]:.1f}–%{customdata[1]:.1f} (mean %{x:.2f}): "
-                      "%{y:.2f} accepted of %{customdata[2]}<extra></extra>")]
+                      f"%{{y:.2f}} accepted of %{{customdata[2]}}<extra>{escape(name)}</extra>")]

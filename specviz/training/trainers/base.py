@@ -107,20 +107,28 @@ class Trainer(ABC):
         """Write a loadable folder (config + safetensors + tokenizer)."""
 
 
-def warm_start(trainer: Trainer, student: torch.nn.Module, folder: Path) -> None:
-    """``--init-from``: give a fresh ``student`` the weights of a drafter its family exported before (the shipped one,
-    say), so a later session continues training without the earlier run folder. AdamW and the schedule start anew;
-    a checkpoint in the run folder, when resuming, still wins."""
-    source = trainer.load_exported(folder)
-    mine, theirs = student.state_dict(), source.state_dict()
-    missing = sorted(set(mine) ^ set(theirs))
-    if missing:
-        raise SpecvizError(f"--init-from {folder}: its weights are not this student's (first difference: {missing[0]})")
+def warm_start(trainer: Trainer, student: torch.nn.Module, source: torch.nn.Module, folder: Path) -> None:
+    """``--init-from``: give a fresh ``student`` the weights of ``source``, a drafter its family exported before (the
+    shipped one, say, loaded by ``trainer.load_exported``), so a later session continues training without the
+    earlier run folder. The two must be the same architecture, every setting included (block size, mask token,
+    feature layers: a student built with other options would silently train something else). AdamW and the
+    schedule start anew; a checkpoint in the run folder, when resuming, still wins."""
+    ours, theirs = trainer.describe_student(student), trainer.describe_student(source)
+    for key in sorted(set(ours) | set(theirs)):
+        if ours.get(key) != theirs.get(key):
+            raise SpecvizError(f"--init-from {folder}: its {key} is {theirs.get(key)!r}, the student's "
+                               f"{ours.get(key)!r} (give the same --layers, --hidden and --set options it was "
+                               f"trained with)")
+    mine, loaded = student.state_dict(), source.state_dict()
+    differing = sorted(set(mine) ^ set(loaded))
+    if differing:
+        side = "the student has" if differing[0] in mine else "it has"
+        raise SpecvizError(f"--init-from {folder}: its weights are not this student's ({side} {differing[0]})")
     for key, value in mine.items():
-        if value.shape != theirs[key].shape:
-            raise SpecvizError(f"--init-from {folder}: {key} is {list(theirs[key].shape)}, the student's "
-                               f"{list(value.shape)} (check --layers, --hidden and the family's --set options)")
-    student.load_state_dict({k: v.to(mine[k].dtype) for k, v in theirs.items()}, strict=True)
+        if value.shape != loaded[key].shape:
+            raise SpecvizError(f"--init-from {folder}: {key} is {list(loaded[key].shape)}, the student's "
+                               f"{list(value.shape)}")
+    student.load_state_dict({k: v.to(mine[k].dtype) for k, v in loaded.items()}, strict=True)
     trainer.resumed(student)
 
 
@@ -179,4 +187,4 @@ def fit(trainer: Trainer, student: torch.nn.Module, train: FeatureSet, config: T
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             save_checkpoint(ckpt_root / f"step-{step + 1:06d}", step + 1, student, optimizer, {"history": history})
     student.eval()
-    return {"history": history, "steps": config.steps}
+    return {"history": history, "steps": config.steps, "resumed": start > 0}
