@@ -132,6 +132,8 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     assert cost["compute_floor_ms"]["16"] == pytest.approx(16 * cost["compute_floor_ms"]["1"])
     assert "## Target forward cost by verify width" in markdown and "fast vs width 1" in markdown
     assert "memory floor ms" in markdown and "compute floor ms" in markdown and "GFLOP/s" in markdown
+    choice = cost["kernel_choice"]  # the fast path's measured choice, in the results and the report
+    assert f"F.linear for products of ≤ {choice['plain_rows']} rows" in markdown
     page = (out / "report.html").read_text()
     assert page.count("Plotly.newPlot") == 3 and "speedup vs τ" in page
 

@@ -53,13 +53,13 @@ def test_fused_rms_norm_is_bit_identical(arch):
 def test_sibling_projections_share_one_product_whatever_the_call_pattern(arch, monkeypatch):
     """q/k/v (qwen2: with biases) and gate/up run as one stacked product; each output is still its own input's."""
     products = []
-    packed = fast_forward.packed_linear
+    packed = fast_forward.PackedLinear.run_packed
 
-    def counted(weight, bias=None):
-        forward = packed(weight, bias)
-        return lambda x: products.append(weight.shape[0]) or forward(x)
+    def counted(self, x):
+        products.append(self.out_features)
+        return packed(self, x)
 
-    monkeypatch.setattr(fast_forward, "packed_linear", counted)
+    monkeypatch.setattr(fast_forward.PackedLinear, "run_packed", counted)
     net = tiny.model(arch, 64, layers=1, hidden=48)
     attention, mlp = net.model.layers[0].self_attn, net.model.layers[0].mlp
     reference = {name: (m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone())
@@ -189,3 +189,46 @@ def test_embedded_default_fast_path_equals_transformers_generate():
         out = hf.model.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)
     expected = out[0, len(prompt):].tolist()
     assert plain_decode(fast, prompt, GenerationConfig(max_new_tokens=48)).token_ids[: len(expected)] == expected
+
+
+def _kernels(fast) -> list:
+    found = {id(k): k for m in fast.modules() if isinstance(m, torch.nn.Linear)
+             for k in [getattr(m.forward, "kernel", m.forward)]}
+    return list(found.values())
+
+
+def test_kernel_choice_is_measured_once_for_the_whole_model_and_recorded():
+    net = tiny.model("llama", 64, layers=2)
+    fast = fast_forward.fast_copy(net)
+    choice = fast.kernel_choice
+    assert choice["plain_rows"] in (0, *fast_forward.CHOICE_ROWS)
+    assert min(choice["ms"]) == 1 and all(len(pair) == 2 and min(pair) > 0 for pair in choice["ms"].values())
+    kernels = _kernels(fast)
+    assert len(kernels) == 2 * 4 + 1  # per layer: q/k/v stacked, o, gate/up stacked, down; and the output layer
+    assert {k.plain_rows for k in kernels} == {choice["plain_rows"]}
+    unchosen = fast_forward.fast_copy(net, choose_kernels=False)
+    assert unchosen.kernel_choice == {} and {k.plain_rows for k in _kernels(unchosen)} == {0}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("plain_rows", [0, 3, 16])
+def test_either_kernel_computes_transformers_logits(arch, plain_rows, monkeypatch):
+    """Whichever kernel a product's row count selects (siblings as separate ``F.linear`` calls below the choice,
+    one stacked packed product above it), the verify forward's logits are transformers' own."""
+    packed_calls = []
+    packed = fast_forward.PackedLinear.run_packed
+    monkeypatch.setattr(fast_forward.PackedLinear, "run_packed",
+                        lambda self, x: packed_calls.append(x.numel() // x.shape[-1]) or packed(self, x))
+    net = tiny.model(arch, 64, layers=3, scale=25)
+    fast = fast_forward.fast_copy(net, choose_kernels=False)
+    for kernel in _kernels(fast):
+        kernel.plain_rows = plain_rows
+    draft = DraftTree(tokens=[7, 8, 9, 10], parents=[-1, 0, -1, 2])  # 5 rows with the pending token
+    outputs = []
+    for model, preallocate in ((net, False), (fast, True)):
+        cache = kv.new_cache(model, 64, "tiny", preallocate=preallocate)
+        prefill(model, cache, PROMPT[:-1])  # 10 rows
+        packed_calls.clear()
+        outputs.append(forward_tree(model, cache, draft, PROMPT[-1], len(PROMPT) - 1))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-4, rtol=1e-4)
+    assert bool(packed_calls) == (plain_rows < 5)  # the 5-row verify went packed only above the choice

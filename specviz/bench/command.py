@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         paths = {target.forward: target} | ({} if reference is target else {"hf": reference})
         cost = verify_cost.compare_paths(paths, context, verify_cost.widths_for(max(args.k_list), budget.max_nodes),
                                          about["memory_bandwidth_gbs"], peak_gflops=about["matmul_gflops"])
+        cost["kernel_choice"] = getattr(target.model, "kernel_choice", None) or None
     except SpecvizError as error:  # an extra measurement: never lose the suite's results over it
         print(f"warning: {error}; the report leaves the verify-width table out", file=sys.stderr)
         cost = None

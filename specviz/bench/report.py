@@ -160,6 +160,11 @@ def verify_cost_section(cost: dict) -> list[str]:
         if floor:
             crossover = floor / (cost["flops_per_token"] / (peak * 1e9) * 1e3)
             about += f" Past w ≈ {crossover:.1f} compute, not memory, bounds a forward."
+    choice = cost.get("kernel_choice") or {}
+    if "plain_rows" in choice:
+        rows_ms = "; ".join(f"{r} rows {pair[0]:.1f} / {pair[1]:.1f} ms" for r, pair in choice.get("ms", {}).items())
+        about += (f" The fast path's kernel choice, measured at load over all its linear layers (packed oneDNN / "
+                  f"F.linear: {rows_ms}): F.linear for products of ≤ {choice['plain_rows']} rows, packed above.")
     return ["## Target forward cost by verify width", "",
             "One causal forward over w new tokens on the longest prompt's cached context (median of 5), through "
             f"each target forward path ({', '.join(names)}) in the same run.{about}", "",

@@ -12,6 +12,13 @@ for bit (tested) with one operator call instead of six. A model on transformers'
 ``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the same kernel without copying every layer's cache
 per forward to repeat grouped key/value heads.
 
+Which kernel is fastest depends on the processor and on how many rows a product has: on some CPUs MKL's
+``F.linear`` beats the packed kernel for one or two rows (a plain decoding step) and loses badly from about four
+rows on (a verify forward); on others it runs one-row products on one thread and loses everywhere. So ``fast_copy``
+measures, once per model, a pass over all its linear layers at a few row counts with both kernels (weights
+streamed from memory, as in a forward) and sets ``plain_rows``: the row counts up to which ``F.linear`` on the
+original weights was faster. ``kernel_choice`` on the copy records it; BENCHMARKS.md has the curves.
+
 ``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow
 the target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed
 weights, in oneDNN's layout, are new memory. The numbers are the same maths in another summation order, so logits agree
@@ -50,8 +57,9 @@ def available(device: str, dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or bool(getattr(ops, "_is_mkldnn_bf16_supported", lambda: False)())
 
 
-def fast_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` sharing all its tensors whose linear layers run through pre-packed oneDNN kernels."""
+def fast_copy(model: nn.Module, *, choose_kernels: bool = True) -> nn.Module:
+    """A copy of ``model`` sharing all its tensors whose linear layers run through pre-packed oneDNN kernels, or, for
+    the narrow products where it measured faster on this machine (``choose_kernels``), through ``F.linear``."""
     parameter = next(model.parameters())
     if not available(str(parameter.device), parameter.dtype):
         raise SpecvizError(f"the fast target forward needs a CPU model in float32 (bfloat16 where oneDNN has a "
@@ -64,13 +72,14 @@ def fast_copy(model: nn.Module) -> nn.Module:
             fuse_siblings(module, names)
     for module in fast.modules():
         if isinstance(module, nn.Linear) and "forward" not in vars(module):
-            module.forward = packed_linear(module.weight, module.bias)
+            module.forward = PackedLinear(module.weight, module.bias)
         elif type(module).__name__ in PLAIN_RMS_NORMS and module.weight.dtype == torch.float32:
             module.forward = fused_rms_norm(module.weight, module.variance_epsilon)
     if getattr(fast.config, "_attn_implementation", None) == "sdpa" and grouped_sdpa.supported():
         grouped_sdpa.register()
         fast.set_attn_implementation(grouped_sdpa.NAME)
     setattr(fast, _MARK, True)
+    fast.kernel_choice = choose_plain_rows(fast) if choose_kernels else {}
     return fast
 
 
@@ -78,20 +87,39 @@ def is_fast(model: nn.Module) -> bool:
     return bool(getattr(model, _MARK, False))
 
 
-def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once into its blocked layout."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-    bias = None if bias is None else bias.detach()
-    out_features = weight.shape[0]
-    linear = torch.ops.mkldnn._linear_pointwise
+class PackedLinear:
+    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once into its blocked layout, or through
+    ``F.linear`` on the original weight for products of at most ``plain_rows`` rows (0: never)."""
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, keep_plain: bool = True):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self.weight = weight.detach() if keep_plain else None
+        self.bias = None if bias is None else bias.detach()
+        self.out_features = weight.shape[0]
+        self.plain_rows = 0
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        return self  # a copied module shares its kernel, as it would a closure (oneDNN's packed tensor has no storage)
+
+    def rows(self, x: torch.Tensor) -> int:
+        return x.numel() // x.shape[-1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain_rows and self.rows(x) <= self.plain_rows:
+            return nn.functional.linear(x, self.weight, self.bias)
+        return self.run_packed(x)
+
+    def run_packed(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.dtype != packed.dtype or not rows.is_contiguous():
-            rows = rows.to(packed.dtype).contiguous()
-        return linear(rows, packed, bias, "none", [], "").reshape(*x.shape[:-1], out_features)
+        if rows.dtype != self.packed.dtype or not rows.is_contiguous():
+            rows = rows.to(self.packed.dtype).contiguous()
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "").reshape(
+            *x.shape[:-1], self.out_features)
 
-    return forward
+
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once (always packed: drafters' heads)."""
+    return PackedLinear(weight, bias, keep_plain=False).run_packed
 
 
 def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
@@ -109,20 +137,24 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
     biased = {m.bias is not None for m in modules}
     if len(biased) > 1 or len({m.weight.dtype for m in modules}) > 1 or len({m.in_features for m in modules}) > 1:
         return False
-    stacked = packed_linear(torch.cat([m.weight.detach() for m in modules]),
-                            torch.cat([m.bias.detach() for m in modules]) if biased == {True} else None)
+    stacked = PackedLinear(torch.cat([m.weight.detach() for m in modules]),
+                           torch.cat([m.bias.detach() for m in modules]) if biased == {True} else None,
+                           keep_plain=False)  # narrow products run each sibling's own F.linear: no stacked copy
+    plain = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in modules]
     sizes = [m.out_features for m in modules]
     kept: dict[int, torch.Tensor] = {}  # sibling index -> its output for ``kept_for[0]``
     kept_for: list[torch.Tensor | None] = [None]
 
     def sibling(index: int):
         def forward(x: torch.Tensor) -> torch.Tensor:
+            if stacked.plain_rows and stacked.rows(x) <= stacked.plain_rows:
+                return nn.functional.linear(x, *plain[index])
             if kept_for[0] is x and index in kept:
                 output = kept.pop(index)
                 if not kept:
                     kept_for[0] = None
                 return output
-            outputs = stacked(x).split(sizes, dim=-1)
+            outputs = stacked.run_packed(x).split(sizes, dim=-1)
             kept.clear()
             kept.update((i, out) for i, out in enumerate(outputs) if i != index)
             kept_for[0] = x
@@ -131,6 +163,7 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
 
     for index, module in enumerate(modules):
         module.forward = sibling(index)
+        module.forward.kernel = stacked  # the group's kernel choice lives on the stacked product
     return True
 
 
@@ -143,3 +176,78 @@ def fused_rms_norm(weight: torch.Tensor, eps: float):
         return nn.functional.rms_norm(x, shape, weight, eps)
 
     return forward
+
+
+#: Row counts the kernel choice times; wider products always run packed.
+CHOICE_ROWS = (1, 2, 3, 4, 6, 8)
+#: ``F.linear`` must beat the packed kernel by this factor to be chosen (timing noise must not flip a choice).
+CHOICE_MARGIN = 0.95
+CHOICE_REPEATS = 5
+
+
+def choose_plain_rows(fast: nn.Module) -> dict:
+    """Time every linear layer of ``fast`` with both kernels and set one ``plain_rows`` for all of them.
+
+    One pass runs every layer in module order (a fused group as it runs: one stacked packed product against its
+    siblings' separate ``F.linear`` calls), so, as in a forward, each weight comes from memory, not cache. The
+    choice is one row count for the whole model, not one per layer: switching libraries between the layers of one
+    forward measured slower than either library alone. Returns ``{"plain_rows", "ms": {rows: [packed, plain]}}``.
+    """
+    members: list[tuple[PackedLinear, list[tuple[torch.Tensor, torch.Tensor | None]]]] = []
+    seen: set[int] = set()
+    for name, module in fast.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        kernel = getattr(module.forward, "kernel", module.forward)
+        if not isinstance(kernel, PackedLinear) or id(kernel) in seen:
+            continue
+        seen.add(id(kernel))
+        siblings = _siblings(fast, name) if kernel.weight is None else [module]
+        members.append((kernel, [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in siblings]))
+    chosen, timings = 0, {}
+    with torch.inference_mode():
+        for rows in CHOICE_ROWS if members else ():
+            inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=kernel.packed.dtype)
+                      for kernel, weights in members for w, _ in weights}
+            packed = _median_ms(_packed_pass, members, inputs)
+            plain = _median_ms(_plain_pass, members, inputs)
+            timings[rows] = [round(packed, 3), round(plain, 3)]
+            if plain >= CHOICE_MARGIN * packed:
+                break
+            chosen = rows
+    for kernel, _ in members:
+        kernel.plain_rows = chosen
+    return {"plain_rows": chosen, "ms": timings}
+
+
+def _siblings(fast: nn.Module, name: str) -> list[nn.Module]:
+    """The fused group ``name`` belongs to, in stacking order."""
+    parent_name, _, child = name.rpartition(".")
+    parent = fast.get_submodule(parent_name) if parent_name else fast
+    group = next(names for names in SIBLING_PROJECTIONS if child in names)
+    return [getattr(parent, n) for n in group]
+
+
+def _packed_pass(members: list, inputs: dict[int, torch.Tensor]) -> None:
+    for kernel, weights in members:
+        kernel.run_packed(inputs[weights[0][0].shape[1]])
+
+
+def _plain_pass(members: list, inputs: dict[int, torch.Tensor]) -> None:
+    for _, weights in members:
+        for weight, bias in weights:
+            nn.functional.linear(inputs[weight.shape[1]], weight, bias)
+
+
+def _median_ms(run, members: list, inputs: dict[int, torch.Tensor]) -> float:
+    """Median wall time of ``run(members, inputs)`` after one untimed call (milliseconds)."""
+    import statistics
+    import time
+
+    run(members, inputs)
+    times = []
+    for _ in range(CHOICE_REPEATS):
+        start = time.perf_counter()
+        run(members, inputs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
