@@ -211,7 +211,7 @@ def test_kernel_choice_is_measured_once_for_the_whole_model_and_recorded():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("plain_rows", [0, 3, 16])
+@pytest.mark.parametrize("plain_rows", [0, 6, 16])
 def test_either_kernel_computes_transformers_logits(arch, plain_rows, monkeypatch):
     """Whichever kernel a product's row count selects (siblings as separate ``F.linear`` calls below the choice,
     one stacked packed product above it), the verify forward's logits are transformers' own."""
@@ -232,3 +232,33 @@ def test_either_kernel_computes_transformers_logits(arch, plain_rows, monkeypatc
         outputs.append(forward_tree(model, cache, draft, PROMPT[-1], len(PROMPT) - 1))
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-4, rtol=1e-4)
     assert bool(packed_calls) == (plain_rows < 5)  # the 5-row verify went packed only above the choice
+
+
+def test_the_threshold_is_the_widest_row_count_up_to_which_f_linear_keeps_winning(monkeypatch):
+    """``choose_plain_rows`` keeps F.linear while it beats the packed kernel by the margin, stops at the first row
+    count where it does not, and gives every kernel that threshold."""
+    net = tiny.model("llama", 64, layers=2)
+    fast = fast_forward.fast_copy(net, choose_kernels=False)
+    timings = {1: (10.0, 7.0), 2: (10.0, 8.0), 3: (10.0, 9.6), 4: (10.0, 5.0)}  # 3 rows: within the margin
+    calls = []
+
+    def fake(run, members, inputs):
+        rows = next(iter(inputs.values())).shape[0]
+        calls.append(rows)
+        return timings[rows][0 if run is fast_forward._packed_pass else 1]
+
+    monkeypatch.setattr(fast_forward, "_median_ms", fake)
+    choice = fast_forward.choose_plain_rows(fast)
+    assert choice["plain_rows"] == 2 and max(calls) == 3  # stopped at 3 rows: 4 rows never timed
+    assert {k.plain_rows for k in _kernels(fast)} == {2}
+
+
+def test_greedy_decoding_with_narrow_products_through_f_linear_equals_transformers_generate():
+    """Plain 1-row steps through F.linear (siblings separately), the prefill packed: transformers' greedy output."""
+    target = tiny.target("llama", 64, forward="fast", layers=3, scale=25)
+    for kernel in _kernels(target.model):
+        kernel.plain_rows = 1
+    reference = tiny.model("llama", 64, layers=3, scale=25)
+    with torch.inference_mode():
+        out = reference.generate(torch.tensor([PROMPT]), max_new_tokens=40, do_sample=False, min_new_tokens=40)
+    assert plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=40)).token_ids == out[0, len(PROMPT):].tolist()

@@ -1,23 +1,24 @@
-"""The fast CPU execution path for an unmodified Hugging Face target: every ``nn.Linear`` through oneDNN.
+"""The fast CPU execution path for an unmodified Hugging Face target: ``nn.Linear`` through pre-packed oneDNN.
 
 Speculative decoding pays off when verifying k + 1 tokens costs about what one token costs. On CPUs the default
 dispatch of ``F.linear`` (MKL) picks kernels whose cost grows steeply with the number of rows and leaves one-row
 products on one thread; oneDNN with weights reordered once into its blocked layout stays near the memory-bandwidth
-floor for 1 to 16 rows (BENCHMARKS.md has the curve). So each linear layer keeps its module and its weights, and only
-its ``forward`` is replaced by a call to the packed kernel. Sibling projections that read the same input (attention's
-q/k/v, the MLP's gate/up) share one packed product over their stacked weights: one larger, better-used kernel call
-in place of two or three (``fuse_siblings``). The modeling code is transformers' own. In float32 the
-Llama-style RMSNorms (fp32 upcast, mean of squares, rsqrt, scale) run as one ``F.rms_norm`` call: the same result bit
-for bit (tested) with one operator call instead of six. A model on transformers' SDPA attention runs
-``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the same kernel without copying every layer's cache
-per forward to repeat grouped key/value heads.
+floor for 1 to 16 rows (BENCHMARKS.md has the curve). So each linear layer keeps its module and its weights, and
+only its ``forward`` is replaced by a call to the packed kernel (or to ``F.linear``, below). Sibling projections
+that read the same input (attention's q/k/v, the MLP's gate/up) share one packed product over their stacked weights:
+one larger, better-used kernel call in place of two or three (``fuse_siblings``). The modeling code is transformers'
+own. In float32 the Llama-style RMSNorms (fp32 upcast, mean of squares, rsqrt, scale) run as one ``F.rms_norm``
+call: the same result bit for bit (tested) with one operator call instead of six. A model on transformers' SDPA
+attention runs ``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the same kernel without copying
+every layer's cache per forward to repeat grouped key/value heads.
 
 Which kernel is fastest depends on the processor and on how many rows a product has: on some CPUs MKL's
 ``F.linear`` beats the packed kernel for one or two rows (a plain decoding step) and loses badly from about four
 rows on (a verify forward); on others it runs one-row products on one thread and loses everywhere. So ``fast_copy``
 measures, once per model, a pass over all its linear layers at a few row counts with both kernels (weights
 streamed from memory, as in a forward) and sets ``plain_rows``: the row counts up to which ``F.linear`` on the
-original weights was faster. ``kernel_choice`` on the copy records it; BENCHMARKS.md has the curves.
+original weights was faster. ``kernel_choice`` on the copy records it; BENCHMARKS.md has the curves. The timing
+reads every weight about 50 times (about a second for a 135M model; it grows with the model's size).
 
 ``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow
 the target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed
@@ -36,8 +37,6 @@ from torch import nn
 from specviz.errors import SpecvizError
 from specviz.models import grouped_sdpa
 
-#: The name the trace header and the UI show for this path.
-KERNEL = "onednn-packed-linear"
 _MARK = "_specviz_fast_forward"
 #: Linear children of one module that read the same input: run as one product (``fuse_siblings``).
 SIBLING_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -97,6 +96,8 @@ class PackedLinear:
         self.bias = None if bias is None else bias.detach()
         self.out_features = weight.shape[0]
         self.plain_rows = 0
+        #: the (weight, bias) pairs ``F.linear`` runs below ``plain_rows``: this one, or a fused group's members
+        self.parts = [] if self.weight is None else [(self.weight, self.bias)]
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         return self  # a copied module shares its kernel, as it would a closure (oneDNN's packed tensor has no storage)
@@ -106,7 +107,7 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.plain_rows and self.rows(x) <= self.plain_rows:
-            return nn.functional.linear(x, self.weight, self.bias)
+            return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
         return self.run_packed(x)
 
     def run_packed(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,6 +142,7 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
                            torch.cat([m.bias.detach() for m in modules]) if biased == {True} else None,
                            keep_plain=False)  # narrow products run each sibling's own F.linear: no stacked copy
     plain = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in modules]
+    stacked.parts = plain
     sizes = [m.out_features for m in modules]
     kept: dict[int, torch.Tensor] = {}  # sibling index -> its output for ``kept_for[0]``
     kept_for: list[torch.Tensor | None] = [None]
@@ -148,7 +150,8 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
     def sibling(index: int):
         def forward(x: torch.Tensor) -> torch.Tensor:
             if stacked.plain_rows and stacked.rows(x) <= stacked.plain_rows:
-                return nn.functional.linear(x, *plain[index])
+                weight, bias = plain[index]
+                return nn.functional.linear(x.to(weight.dtype), weight, bias)
             if kept_for[0] is x and index in kept:
                 output = kept.pop(index)
                 if not kept:
@@ -195,20 +198,16 @@ def choose_plain_rows(fast: nn.Module) -> dict:
     """
     members: list[tuple[PackedLinear, list[tuple[torch.Tensor, torch.Tensor | None]]]] = []
     seen: set[int] = set()
-    for name, module in fast.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        kernel = getattr(module.forward, "kernel", module.forward)
-        if not isinstance(kernel, PackedLinear) or id(kernel) in seen:
-            continue
-        seen.add(id(kernel))
-        siblings = _siblings(fast, name) if kernel.weight is None else [module]
-        members.append((kernel, [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in siblings]))
+    for module in fast.modules():
+        kernel = getattr(module.forward, "kernel", module.forward) if isinstance(module, nn.Linear) else None
+        if isinstance(kernel, PackedLinear) and id(kernel) not in seen and kernel.parts:
+            seen.add(id(kernel))
+            members.append((kernel, kernel.parts))
     chosen, timings = 0, {}
     with torch.inference_mode():
         for rows in CHOICE_ROWS if members else ():
-            inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=kernel.packed.dtype)
-                      for kernel, weights in members for w, _ in weights}
+            inputs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype)
+                      for _, weights in members for w, _ in weights}
             packed = _median_ms(_packed_pass, members, inputs)
             plain = _median_ms(_plain_pass, members, inputs)
             timings[rows] = [round(packed, 3), round(plain, 3)]
@@ -220,26 +219,18 @@ def choose_plain_rows(fast: nn.Module) -> dict:
     return {"plain_rows": chosen, "ms": timings}
 
 
-def _siblings(fast: nn.Module, name: str) -> list[nn.Module]:
-    """The fused group ``name`` belongs to, in stacking order."""
-    parent_name, _, child = name.rpartition(".")
-    parent = fast.get_submodule(parent_name) if parent_name else fast
-    group = next(names for names in SIBLING_PROJECTIONS if child in names)
-    return [getattr(parent, n) for n in group]
-
-
-def _packed_pass(members: list, inputs: dict[int, torch.Tensor]) -> None:
+def _packed_pass(members: list, inputs: dict[tuple, torch.Tensor]) -> None:
     for kernel, weights in members:
-        kernel.run_packed(inputs[weights[0][0].shape[1]])
+        kernel.run_packed(inputs[weights[0][0].shape[1], weights[0][0].dtype])
 
 
-def _plain_pass(members: list, inputs: dict[int, torch.Tensor]) -> None:
+def _plain_pass(members: list, inputs: dict[tuple, torch.Tensor]) -> None:
     for _, weights in members:
         for weight, bias in weights:
-            nn.functional.linear(inputs[weight.shape[1]], weight, bias)
+            nn.functional.linear(inputs[weight.shape[1], weight.dtype], weight, bias)
 
 
-def _median_ms(run, members: list, inputs: dict[int, torch.Tensor]) -> float:
+def _median_ms(run, members: list, inputs: dict[tuple, torch.Tensor]) -> float:
     """Median wall time of ``run(members, inputs)`` after one untimed call (milliseconds)."""
     import statistics
     import time
