@@ -155,7 +155,7 @@ def _check_the_calibration(run: Generation, drafter: DSparkDrafter) -> None:
         return
     rebuilt = OnlineCalibration()  # every round is committed, the last one included
     for r in rounds:
-        rebuilt.record(r.meta["confidence_head"][: len(r.tokens)], accepted=len(r.accepted), judged=len(r.tokens))
+        rebuilt.record(r.meta["confidence_head"][: len(r.tokens)], accepted=len(r.accepted))
     assert drafter.calibration.trials == rebuilt.trials and drafter.calibration.hits == rebuilt.hits
     assert sum(rebuilt.trials) == sum(min(len(r.tokens), len(r.accepted) + 1) for r in rounds)
     assert rounds[0].meta["calibrated"] == pytest.approx(rounds[0].meta["confidence_head"], abs=1e-5)  # no past yet
@@ -556,13 +556,13 @@ def test_recalibrated_schedule_keeps_the_target_distribution(sampling_target):
 def test_online_calibration_follows_the_judged_drafts():
     calibration = OnlineCalibration(bins=10, weight=4.0)
     assert calibration(0.85) == 0.85 and calibration(0.0) == 0.0 and calibration(1.0) == 1.0  # no past: the raw ĉ
-    calibration.record([0.85, 0.87, 0.15], accepted=1, judged=3)  # the third draft was never judged
+    calibration.record([0.85, 0.87, 0.15], accepted=1)  # the third draft was never judged
     assert calibration.trials[8] == 2 and calibration.hits[8] == 1 and sum(calibration.trials) == 2
     assert calibration(0.85) == pytest.approx((1 + 4 * 0.85) / (2 + 4))
-    calibration.record([0.15, 0.15], accepted=2, judged=2)  # every draft accepted: both judged
+    calibration.record([0.15, 0.15], accepted=2)  # every draft accepted: both judged
     assert calibration.trials[1] == 2 and calibration.hits[1] == 2
     for _ in range(100):
-        calibration.record([0.95], accepted=0, judged=1)
+        calibration.record([0.95], accepted=0)
     assert calibration(0.95) < 0.05  # a confident bin that is never accepted falls toward what happened
 
 

@@ -37,10 +37,10 @@ class OnlineCalibration:
         b = self._bin(raw)
         return (self.hits[b] + self.weight * raw) / (self.trials[b] + self.weight)
 
-    def record(self, raw: list[float], accepted: int, judged: int) -> None:
-        """A verified chain: drafts 0 .. ``judged`` - 1 were verified, the first ``accepted`` of them accepted; the
+    def record(self, verified: list[float], accepted: int) -> None:
+        """A verified chain: the raw confidences of the drafts verified, the first ``accepted`` of them accepted; the
         target judged draft i when every draft before it was accepted (the first rejection is judged, the rest not)."""
-        for i, value in enumerate(raw[: min(judged, accepted + 1)]):
+        for i, value in enumerate(verified[: accepted + 1]):
             b = self._bin(value)
             self.trials[b] += 1
             self.hits[b] += i < accepted

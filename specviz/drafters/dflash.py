@@ -536,7 +536,7 @@ class DSparkDrafter(BlockDrafter):
         self.cost_curve = cost_curve or CostCurve.flat("flat (no curve given)")
         self.calibrate = calibrate
         self.calibration: OnlineCalibration | None = None
-        self._judged: list[float] = []  # raw confidences of the drafts the last round verifies
+        self._judged: list[float] = []  # raw confidences of the drafts the last round verified
 
     def describe(self) -> dict:
         spec = self.spec
@@ -553,7 +553,7 @@ class DSparkDrafter(BlockDrafter):
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         super().commit(context, tree, accepted)
         if self.calibration is not None and self._judged:
-            self.calibration.record(self._judged, accepted=len(accepted), judged=len(tree))
+            self.calibration.record(self._judged, accepted=len(accepted))
         self._judged = []
 
     @torch.inference_mode()

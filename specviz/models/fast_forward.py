@@ -90,25 +90,29 @@ class PackedLinear:
     """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once into its blocked layout, or through
     ``F.linear`` on the original weight for products of at most ``plain_rows`` rows (0: never)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, keep_plain: bool = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 parts: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self.weight = weight.detach() if keep_plain else None
         self.bias = None if bias is None else bias.detach()
         self.out_features = weight.shape[0]
         self.plain_rows = 0
-        #: the (weight, bias) pairs ``F.linear`` runs below ``plain_rows``: this one, or a fused group's members
-        self.parts = [] if self.weight is None else [(self.weight, self.bias)]
+        #: the (weight, bias) pairs ``F.linear`` runs below ``plain_rows``: this layer's own (the default), a fused
+        #: group's members', or none (always packed)
+        self.parts = [(weight.detach(), self.bias)] if parts is None else parts
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         return self  # a copied module shares its kernel, as it would a closure (oneDNN's packed tensor has no storage)
 
-    def rows(self, x: torch.Tensor) -> int:
-        return x.numel() // x.shape[-1]
+    def narrow(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` has few enough rows for ``F.linear``."""
+        return bool(self.plain_rows) and x.numel() // x.shape[-1] <= self.plain_rows
+
+    def run_plain(self, x: torch.Tensor, part: int = 0) -> torch.Tensor:
+        weight, bias = self.parts[part]
+        return nn.functional.linear(x.to(weight.dtype), weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.plain_rows and self.rows(x) <= self.plain_rows:
-            return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
-        return self.run_packed(x)
+        return self.run_plain(x) if self.narrow(x) else self.run_packed(x)
 
     def run_packed(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -120,7 +124,7 @@ class PackedLinear:
 
 def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once (always packed: drafters' heads)."""
-    return PackedLinear(weight, bias, keep_plain=False).run_packed
+    return PackedLinear(weight, bias, parts=[]).run_packed
 
 
 def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
@@ -138,20 +142,18 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
     biased = {m.bias is not None for m in modules}
     if len(biased) > 1 or len({m.weight.dtype for m in modules}) > 1 or len({m.in_features for m in modules}) > 1:
         return False
+    # narrow products run each sibling's own F.linear on its own weight: no stacked unpacked copy
     stacked = PackedLinear(torch.cat([m.weight.detach() for m in modules]),
                            torch.cat([m.bias.detach() for m in modules]) if biased == {True} else None,
-                           keep_plain=False)  # narrow products run each sibling's own F.linear: no stacked copy
-    plain = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in modules]
-    stacked.parts = plain
+                           parts=[(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in modules])
     sizes = [m.out_features for m in modules]
     kept: dict[int, torch.Tensor] = {}  # sibling index -> its output for ``kept_for[0]``
     kept_for: list[torch.Tensor | None] = [None]
 
     def sibling(index: int):
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if stacked.plain_rows and stacked.rows(x) <= stacked.plain_rows:
-                weight, bias = plain[index]
-                return nn.functional.linear(x.to(weight.dtype), weight, bias)
+            if stacked.narrow(x):
+                return stacked.run_plain(x, index)
             if kept_for[0] is x and index in kept:
                 output = kept.pop(index)
                 if not kept:
