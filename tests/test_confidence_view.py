@@ -148,3 +148,14 @@ def test_reliability_diagram_draws_both_calibrations_with_their_ece():
     assert own.samples == 3 and used.samples == 3 and own.ece != used.ece
     title = next(a["text"] for a in spec["layout"]["annotations"] if a["text"].startswith("Run calibration"))
     assert f"ECE {used.ece:.3f} recalibrated, {own.ece:.3f} the head's own" in title
+
+
+def test_the_shipped_greedy_curve_is_drawn_where_the_run_started_from_it():
+    curve = {"rule": "greedy", "samples": 40, "points": [[0.1, 0.05], [0.5, 0.3], [0.9, 0.7]]}
+    spec = confidence_spec([recalibrated_round()], 0, curve)
+    drawn = [t for t in spec["data"] if "shipped greedy curve" in (t.get("name") or "")]
+    assert len(drawn) == 1 and drawn[0]["x"] == [0.1, 0.5, 0.9] and drawn[0]["y"] == [0.05, 0.3, 0.7]
+    assert drawn[0]["xaxis"] == "x3"  # on the reliability diagram
+    for odd in (None, "curve", {"points": "xy"}, {"points": [[0.5], ["a", 0.2], [2.0, 0.5], None]}):
+        names = [t.get("name") or "" for t in confidence_spec([recalibrated_round()], 0, odd)["data"]]
+        assert not any("shipped greedy curve" in name for name in names)

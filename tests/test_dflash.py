@@ -25,8 +25,9 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from specviz.drafters import ddtree, registry
 from specviz.drafters import dflash_layouts as layouts
-from specviz.drafters.confidence import OnlineCalibration
+from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash import (
+    GREEDY_CALIBRATION_KEY,
     SMOLLM2_MASK_TOKEN_ID,
     DFlashBackbone,
     DFlashDrafter,
@@ -44,6 +45,7 @@ from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError
+from specviz.training import calibrate
 
 VOCAB = 64
 LAYERS = 8  # build_target_layer_ids(8, 5) = [1, 2, 3, 4, 5]: hidden_states[2..6]
@@ -879,3 +881,93 @@ def test_registry_specs(tmp_path, setup):
 
 def _is_chain(parents: list[int]) -> bool:
     return all(parent == i - 1 for i, parent in enumerate(parents))
+
+
+# ---- the greedy reliability curve ----------------------------------------------------------------------------------
+def test_a_reliability_curve_pools_sparse_bins_and_rises():
+    generator = torch.Generator().manual_seed(0)
+    samples = [(raw, float(torch.rand(1, generator=generator)) < raw / 2)
+               for raw in (i / 4000 for i in range(4000))]
+    curve = ReliabilityCurve.fit(samples)
+    assert len(curve.points) >= 5 and curve.samples == 4000
+    assert all(b[0] >= a[0] and b[1] >= a[1] for a, b in zip(curve.points, curve.points[1:]))
+    assert curve(0.5) == pytest.approx(0.25, abs=0.05) and curve(1.0) == curve.points[-1][1]
+    assert curve(0.0) == curve.points[0][1]  # flat beyond the ends
+    sparse = ReliabilityCurve.fit([(0.05, True)] * 5 + [(0.55, False)] * 30 + [(0.95, True)] * 30)
+    assert sparse.points == ((pytest.approx((5 * 0.05 + 30 * 0.55) / 35, abs=1e-6), pytest.approx(5 / 35, abs=1e-6)),
+                             (0.95, 1.0))
+    sparse_top = ReliabilityCurve.fit([(0.15, False)] * 30 + [(0.55, True)] * 30 + [(0.95, True)] * 3)
+    assert sparse_top.points == ((0.15, 0.0), (pytest.approx((30 * 0.55 + 3 * 0.95) / 33, abs=1e-6), 1.0))
+    falling = ReliabilityCurve.fit([(0.15, True)] * 30 + [(0.85, False)] * 30)  # pooled into one rate
+    assert falling.points == ((0.5, 0.5),)
+    assert ReliabilityCurve.from_dict(curve.to_dict()) == curve
+    for bad, message in (({}, "needs 'points'"), ({"points": "xy", "samples": 1}, "needs 'points'"),
+                         ({"points": [[0.5, 2.0]], "samples": 1}, r"in \[0, 1\]"),
+                         ({"points": [[0.9, 0.3], [0.2, 0.1]], "samples": 1}, "non-decreasing"),
+                         ({"points": [[0.5, 0.3]], "samples": 0}, "at least one draft"),
+                         ({"points": [[0.5, 0.3]], "samples": 2.5}, "whole number")):
+        with pytest.raises(SpecvizError, match=message) as error:
+            ReliabilityCurve.from_dict(bad)
+        assert "\n" not in str(error.value)
+    with pytest.raises(SpecvizError, match="no judged drafts"):
+        ReliabilityCurve.fit([])
+
+
+def test_a_greedy_run_starts_from_the_shipped_curve(tmp_path, setup):
+    """The curve in config.json is where a greedy run's calibration starts (its first round's ĉ are the curve's);
+    a sampled run starts from the raw values; a malformed curve is refused in one line."""
+    targets, baselines, models = setup
+    target = targets["fast"]
+    folder = save_drafter(models["dspark"], tmp_path / "dspark", target_name="tiny")
+    config = json.loads((folder / "config.json").read_text())
+    curve = ReliabilityCurve(((0.2, 0.1), (0.9, 0.3)), 100)
+    (folder / "config.json").write_text(json.dumps({**config, GREEDY_CALIBRATION_KEY: curve.to_dict()}))
+    drafter = registry.build(f"dspark:{folder}", target, {})
+    assert drafter.greedy_prior == curve
+    described = drafter.describe()["confidence_calibration"]
+    assert described == "online (a greedy run starts from a curve fitted on 100 drafts)"
+    run = generate(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS), drafter, DraftBudget(k=7))
+    assert run.token_ids == baselines["fast"]
+    first = run.rounds[0].meta
+    assert first["calibrated"] == pytest.approx([curve(c) for c in first["confidence_head"]], abs=1e-5)
+    sampled = generate(target, PROMPT, GenerationConfig(max_new_tokens=4, sampling=CONFIG), drafter, DraftBudget(k=7))
+    first = sampled.rounds[0].meta
+    assert first["calibrated"] == pytest.approx(first["confidence_head"], abs=1e-5)
+    (folder / "config.json").write_text(json.dumps({**config, GREEDY_CALIBRATION_KEY: {"points": [[0.9, 0.3],
+                                                                                                 [0.2, 0.1]],
+                                                                                      "samples": 1}}))
+    with pytest.raises(SpecvizError, match="non-decreasing") as error:
+        registry.build(f"dspark:{folder}", target, {})
+    assert "\n" not in str(error.value)
+    (folder / "config.json").write_text(json.dumps({**config, GREEDY_CALIBRATION_KEY: {**curve.to_dict(),
+                                                                                      "rule": "sampling"}}))
+    with pytest.raises(SpecvizError, match="fitted under 'sampling', not greedy"):
+        registry.build(f"dspark:{folder}", target, {})
+
+
+def test_calibrate_collects_the_judged_drafts_of_every_verified_block(setup):
+    targets, _, models = setup
+    drafter = DSparkDrafter(models["dspark"], VOCAB, schedule=False)
+    collected = calibrate.collect(targets["fast"], drafter, [PROMPT, PROMPT[:6]], 24, log=lambda *_: None)
+    lengths = [len(raws) for rounds in collected for raws, _ in rounds]
+    assert len(collected) == 2 and set(lengths) <= set(range(1, 8)) and lengths.count(7) >= len(lengths) - 2
+    samples = calibrate.judged(collected)
+    assert len(samples) == sum(min(len(raws), accepted + 1) for rounds in collected for raws, accepted in rounds)
+    assert all(0 <= raw <= 1 for raw, _ in samples) and {hit for _, hit in samples} == {True, False}
+    assert len(ReliabilityCurve.fit(samples).points) >= 1
+    with pytest.raises(SpecvizError, match="verifies every draft"):
+        calibrate.collect(targets["fast"], DSparkDrafter(models["dspark"], VOCAB), [PROMPT], 8)
+
+
+def test_calibrate_evaluates_each_prediction_on_the_same_drafts():
+    """Two prompts' rounds by hand: the online calibration learns each round after predicting it, per prompt."""
+    collected = [[([0.9, 0.9], 2), ([0.9, 0.9], 0)], [([0.9], 0)]]
+    assert calibrate.judged(collected) == [(0.9, True), (0.9, True), (0.9, False), (0.9, False)]
+    online = calibrate.judged(collected, lambda raw, calibration: calibration(raw))
+    assert [round(p, 6) for p, _ in online] == [0.9, 0.9, round((2 + 4 * 0.9) / 6, 6), 0.9]  # fresh per prompt
+    curve = ReliabilityCurve(((0.1, 0.1), (0.9, 0.5)), 10)
+    results = calibrate.evaluate(collected, curve, draws=5)
+    assert list(results) == ["the head's raw ĉ", "the curve alone", "online from the raw ĉ", "online from the curve"]
+    assert results["the head's raw ĉ"][0] == pytest.approx(abs(0.9 - 0.5))  # one bin: 4 drafts, half accepted
+    assert results["the curve alone"][0] == pytest.approx(0.0)  # 0.5 predicted, 0.5 realised
+    assert all(0 <= floor <= 1 for _, floor in results.values())

@@ -192,9 +192,7 @@ def test_embedded_default_fast_path_equals_transformers_generate():
 
 
 def _kernels(fast) -> list:
-    found = {id(k): k for m in fast.modules() if isinstance(m, torch.nn.Linear)
-             for k in [getattr(m.forward, "kernel", m.forward)]}
-    return list(found.values())
+    return fast_forward.linear_kernels(fast)
 
 
 def test_kernel_choice_is_measured_once_for_the_whole_model_and_recorded():
@@ -248,7 +246,7 @@ def test_the_threshold_is_the_widest_row_count_up_to_which_f_linear_keeps_winnin
         return timings[rows][0 if run is fast_forward._packed_pass else 1]
 
     monkeypatch.setattr(fast_forward, "_median_ms", fake)
-    choice = fast_forward.choose_plain_rows(fast)
+    choice = fast_forward.choose_plain_rows(fast_forward.linear_kernels(fast))
     assert choice["plain_rows"] == 2 and max(calls) == 3  # stopped at 3 rows: 4 rows never timed
     assert {k.plain_rows for k in _kernels(fast)} == {2}
 

@@ -50,7 +50,7 @@ from transformers import DynamicCache
 from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
 from specviz.drafters import dflash_layouts as layouts
 from specviz.drafters.checkpoint_files import read_tensors
-from specviz.drafters.confidence import OnlineCalibration
+from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash_layouts import BlockSpec
 from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rotate_half, target_parts
 from specviz.drafters.registry import DrafterFamily, register
@@ -340,6 +340,11 @@ def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, lay
     return layouts.write(Path(folder), drafter.spec, state, layout, borrowed=borrowed)
 
 
+#: Our key in a DSpark config.json: the confidence head's ``ReliabilityCurve`` under greedy verification, fitted on
+#: training prompts (``python -m specviz.training.calibrate``); a greedy ``dspark`` run starts its calibration there.
+GREEDY_CALIBRATION_KEY = "specviz_greedy_calibration"
+
+
 def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = None) -> DFlashBackbone:
     """A drafter from a folder (or a hub id, when the hub is reachable) in any supported layout, checked against the
     target ``model``: hidden size, vocabulary, depth, feature layers, weight names and shapes, and, where the folder
@@ -355,7 +360,13 @@ def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = Non
             raise SpecvizError(f"it is a {TITLES[spec.kind]}, not a {TITLES[kind]}; load it as {spec.kind}:")
         state, borrowed = layouts.to_state(read_tensors(folder), spec)
         _check_same_target(config, borrowed, embedding, output.weight)
-        return build_model(model, spec, state)
+        built = build_model(model, spec, state)
+        if config.get(GREEDY_CALIBRATION_KEY) is not None:
+            curve = ReliabilityCurve.from_dict(config[GREEDY_CALIBRATION_KEY])
+            if curve.rule != "greedy":
+                raise SpecvizError(f"its {GREEDY_CALIBRATION_KEY} was fitted under {curve.rule!r}, not greedy")
+            built.greedy_calibration = curve
+        return built
     except SpecvizError as error:
         raise SpecvizError(f"block drafter {name}: {error}") from None
 
@@ -535,6 +546,8 @@ class DSparkDrafter(BlockDrafter):
         self.schedule = schedule
         self.cost_curve = cost_curve or CostCurve.flat("flat (no curve given)")
         self.calibrate = calibrate
+        #: where a greedy run's calibration starts (the shipped curve, when the checkpoint has one)
+        self.greedy_prior: ReliabilityCurve | None = getattr(model, "greedy_calibration", None)
         self.calibration: OnlineCalibration | None = None
         self._judged: list[float] = []  # raw confidences of the drafts the last round verified
 
@@ -542,7 +555,10 @@ class DSparkDrafter(BlockDrafter):
         spec = self.spec
         return {**super().describe(), "markov_rank": spec.markov_rank, "markov_type": spec.markov_type,
                 "confidence_head": spec.confidence_head, "schedule": self.schedule,
-                "confidence_calibration": "online" if self.calibrate else "off",
+                "confidence_calibration": ("off" if not self.calibrate else "online" if self.greedy_prior is None
+                                           else f"online (a greedy run starts from a curve fitted on "
+                                                f"{self.greedy_prior.samples} drafts)"),
+                "greedy_curve": None if self.greedy_prior is None else self.greedy_prior.to_dict(),
                 "cost_curve": self.cost_curve.to_dict()}
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -559,6 +575,9 @@ class DSparkDrafter(BlockDrafter):
     @torch.inference_mode()
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator) -> DraftTree:
+        if self.calibration is not None and sampling.greedy:
+            # the shipped curve fits greedy verification only, and begin() does not know the run's rule yet
+            self.calibration.prior = self.greedy_prior
         hidden, base = self.block(context)
         cap = min(budget.max_depth, self.spec.drafts)
         scan = cost_curve.PrefixScan(self.cost_curve, cap) if self.schedule else None
@@ -662,7 +681,8 @@ DESCRIPTIONS = {
               "DFlash); --tree grows DDTree from the block's marginals; bare name: the drafter shipped for the target",
     "dspark": "DFlash's block plus a Markov head (left-to-right correction) and a confidence head whose prefix "
               "survival chooses how many drafts to verify on this machine's verify-cost curve (DSpark), the "
-              "confidences recalibrated online to the run's verification; dspark:raw[:<dir|hub id>] schedules on the "
+              "confidences recalibrated online to the run's verification (a greedy run starts from the checkpoint's "
+              "fitted greedy curve where it ships one); dspark:raw[:<dir|hub id>] schedules on the "
               "head's own values, dspark:fixed[:<dir|hub id>] verifies every draft; bare name: the drafter shipped for "
               "the target",
 }

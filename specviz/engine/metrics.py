@@ -211,13 +211,17 @@ def calibration(rounds: Iterable[Round], bins: int = 10, *, head: bool = False) 
     """Reliability-diagram bins and the expected calibration error over ``rounds`` (empty bins are left out): of the
     confidences the rounds carry, or with ``head`` of the confidence head's own values."""
     samples_of = head_confidence_samples if head else confidence_samples
+    return calibration_of((sample for round_ in rounds for sample in samples_of(round_)), bins)
+
+
+def calibration_of(samples: Iterable[tuple[float, bool]], bins: int = 10) -> Calibration:
+    """``calibration`` of ``(predicted in [0, 1], accepted)`` pairs, wherever they come from."""
     sums = [[0, 0.0, 0] for _ in range(bins)]  # count, predicted sum, accepted count
-    for round_ in rounds:
-        for predicted, hit in samples_of(round_):
-            entry = sums[min(bins - 1, int(predicted * bins))]
-            entry[0] += 1
-            entry[1] += predicted
-            entry[2] += hit
+    for predicted, hit in samples:
+        entry = sums[min(bins - 1, int(predicted * bins))]
+        entry[0] += 1
+        entry[1] += predicted
+        entry[2] += hit
     total = sum(entry[0] for entry in sums)
     kept = [CalibrationBin(i / bins, (i + 1) / bins, count, predicted / count, hits / count)
             for i, (count, predicted, hits) in enumerate(sums) if count]

@@ -78,7 +78,7 @@ def fast_copy(model: nn.Module, *, choose_kernels: bool = True) -> nn.Module:
         grouped_sdpa.register()
         fast.set_attn_implementation(grouped_sdpa.NAME)
     setattr(fast, _MARK, True)
-    fast.kernel_choice = choose_plain_rows(fast) if choose_kernels else {}
+    fast.kernel_choice = choose_plain_rows(linear_kernels(fast)) if choose_kernels else {}
     return fast
 
 
@@ -123,8 +123,20 @@ class PackedLinear:
 
 
 def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once (always packed: drafters' heads)."""
+    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once, always packed: drafters' heads,
+    where ``F.linear`` for one row saved too little to keep a second, unpacked copy of gathered rows
+    (docs/bench-log/notes.md)."""
     return PackedLinear(weight, bias, parts=[]).run_packed
+
+
+def linear_kernels(module: nn.Module) -> list[PackedLinear]:
+    """The distinct kernels ``module``'s linear layers run through (a fused group's once)."""
+    found: dict[int, PackedLinear] = {}
+    for child in module.modules():
+        kernel = getattr(child.forward, "kernel", child.forward) if isinstance(child, nn.Linear) else None
+        if isinstance(kernel, PackedLinear):
+            found.setdefault(id(kernel), kernel)
+    return list(found.values())
 
 
 def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
@@ -190,25 +202,20 @@ CHOICE_MARGIN = 0.95
 CHOICE_REPEATS = 5
 
 
-def choose_plain_rows(fast: nn.Module) -> dict:
-    """Time every linear layer of ``fast`` with both kernels and set one ``plain_rows`` for all of them.
+def choose_plain_rows(kernels: list[PackedLinear]) -> dict:
+    """Time ``kernels`` (a model's, in module order: ``linear_kernels``) both ways and give them one ``plain_rows``.
 
-    One pass runs every layer in module order (a fused group as it runs: one stacked packed product against its
+    One pass runs every kernel in order (a fused group as it runs: one stacked packed product against its
     siblings' separate ``F.linear`` calls), so, as in a forward, each weight comes from memory, not cache. The
     choice is one row count for the whole model, not one per layer: switching libraries between the layers of one
     forward measured slower than either library alone. Returns ``{"plain_rows", "ms": {rows: [packed, plain]}}``.
     """
-    members: list[tuple[PackedLinear, list[tuple[torch.Tensor, torch.Tensor | None]]]] = []
-    seen: set[int] = set()
-    for module in fast.modules():
-        kernel = getattr(module.forward, "kernel", module.forward) if isinstance(module, nn.Linear) else None
-        if isinstance(kernel, PackedLinear) and id(kernel) not in seen and kernel.parts:
-            seen.add(id(kernel))
-            members.append((kernel, kernel.parts))
+    members = [(kernel, kernel.parts) for kernel in kernels if kernel.parts]
     chosen, timings = 0, {}
+    generator = torch.Generator().manual_seed(0)  # loading a model leaves the global random state alone
     with torch.inference_mode():
         for rows in CHOICE_ROWS if members else ():
-            inputs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype)
+            inputs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype, generator=generator)
                       for _, weights in members for w, _ in weights}
             packed = _median_ms(_packed_pass, members, inputs)
             plain = _median_ms(_plain_pass, members, inputs)

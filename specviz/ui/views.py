@@ -114,7 +114,9 @@ class RunView:
                 self.tokens: tokens_html(record.prompt_pieces, record.rounds, selected=index, caret=running),
             }
         if confidence:
-            updates[self.confidence] = plot(confidence_spec(record.rounds if record else [], index))
+            drafter = record.header.get("drafter") if record else None
+            curve = drafter.get("greedy_curve") if isinstance(drafter, dict) and record.greedy else None
+            updates[self.confidence] = plot(confidence_spec(record.rounds if record else [], index, curve))
         return updates
 
     @staticmethod

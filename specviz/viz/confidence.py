@@ -9,7 +9,8 @@ choice weighed: the verify cost cost(1 + ℓ) relative to ℓ = 1 and the expect
 field is read defensively: a hand-edited trace with odd values draws less, never fails.
 
 Right: every judged draft of the run so far, predicted confidence against realised acceptance in ten bins, with
-the expected calibration error (``specviz.engine.metrics.calibration``; the formula is ``FORMULAS["calibration"]``).
+the expected calibration error (``specviz.engine.metrics.calibration``; the formula is ``FORMULAS["calibration"]``),
+and, for a greedy DSpark run whose checkpoint ships one, the curve its calibration started from.
 """
 
 from __future__ import annotations
@@ -78,8 +79,19 @@ def block_positions(round_: Round) -> list[dict]:
     return rows
 
 
-def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
-    """The two panels as a plain plotly dict: round ``index``'s block (default: the last) and the run's calibration."""
+def greedy_curve_points(curve) -> list[tuple[float, float]]:
+    """The (raw ĉ, expected acceptance) points of a drafter's shipped greedy curve (``describe()["greedy_curve"]``
+    in a trace header), read defensively: anything malformed gives none."""
+    points = curve.get("points") if isinstance(curve, dict) else None
+    if not isinstance(points, list):
+        return []
+    pairs = [(_number(p[0]), _number(p[1])) for p in points if isinstance(p, (list, tuple)) and len(p) == 2]
+    return [(x, y) for x, y in pairs if x is not None and y is not None and 0 <= x <= 1 and 0 <= y <= 1]
+
+
+def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_curve=None) -> dict:
+    """The two panels as a plain plotly dict: round ``index``'s block (default: the last) and the run's calibration;
+    ``greedy_curve`` (a greedy run's header ``drafter.greedy_curve``) adds the curve its calibration started from."""
     data: list[dict] = []
     notes: list[tuple[str, float, float, str]] = []  # text, x, y, xref
     shapes: list[dict] = []
@@ -104,6 +116,12 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None) -> dict:
     data += _calibration_traces(result, "realised per bin (recalibrated ĉ)" if recalibrated else "realised per bin")
     if recalibrated:
         data += _calibration_traces(own, "the confidence head's own ĉ", dash="dot")[1:]
+    curve = greedy_curve_points(greedy_curve)
+    if curve:
+        data.append(dict(type="scatter", x=[x for x, _ in curve], y=[y for _, y in curve], mode="lines",
+                         name="shipped greedy curve: the head's ĉ → acceptance on training prompts", xaxis="x3",
+                         yaxis="y3", line=dict(color=SURVIVAL_COLOR, dash="dash", width=1.5),
+                         hovertemplate="head's ĉ %{x:.2f} → %{y:.2f} expected<extra>shipped curve</extra>"))
     calibration_title = ("Run calibration: no drafts with a confidence yet" if not result.samples else
                          f"Run calibration: ECE {result.ece:.3f} recalibrated, {own.ece:.3f} the head's own; "
                          f"{result.samples} drafts" if recalibrated else
