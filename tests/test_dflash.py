@@ -926,6 +926,8 @@ def test_a_greedy_run_starts_from_the_shipped_curve(tmp_path, setup):
     assert drafter.greedy_prior == curve
     described = drafter.describe()["confidence_calibration"]
     assert described == "online (a greedy run starts from a curve fitted on 100 drafts)"
+    assert drafter.describe()["greedy_curve"] == curve.to_dict()  # the views draw it
+    assert registry.build(f"dspark:raw:{folder}", target, {}).describe()["greedy_curve"] is None  # not used there
     run = generate(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS), drafter, DraftBudget(k=7))
     assert run.token_ids == baselines["fast"]
     first = run.rounds[0].meta

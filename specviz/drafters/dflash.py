@@ -558,7 +558,7 @@ class DSparkDrafter(BlockDrafter):
                 "confidence_calibration": ("off" if not self.calibrate else "online" if self.greedy_prior is None
                                            else f"online (a greedy run starts from a curve fitted on "
                                                 f"{self.greedy_prior.samples} drafts)"),
-                "greedy_curve": None if self.greedy_prior is None else self.greedy_prior.to_dict(),
+                "greedy_curve": self.greedy_prior.to_dict() if self.calibrate and self.greedy_prior else None,
                 "cost_curve": self.cost_curve.to_dict()}
 
     def begin(self, prompt_ids: list[int]) -> None:
