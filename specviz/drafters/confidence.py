@@ -56,10 +56,16 @@ class OnlineCalibration:
     def record(self, verified: list[float], accepted: int) -> None:
         """A verified chain: the raw confidences of the drafts verified, the first ``accepted`` of them accepted; the
         target judged draft i when every draft before it was accepted (the first rejection is judged, the rest not)."""
-        for i, value in enumerate(verified[: accepted + 1]):
+        for value, hit in judged_drafts(verified, accepted):
             b = self._bin(value)
             self.trials[b] += 1
-            self.hits[b] += i < accepted
+            self.hits[b] += hit
+
+
+def judged_drafts(verified: list[float], accepted: int) -> list[tuple[float, bool]]:
+    """(value, accepted) of the drafts of a verified chain the target judged: every draft whose predecessors were all
+    accepted (the accepted ones and the first rejection)."""
+    return [(value, i < accepted) for i, value in enumerate(verified[: accepted + 1])]
 
 
 @dataclass(frozen=True)

@@ -210,36 +210,37 @@ def choose_plain_rows(kernels: list[PackedLinear]) -> dict:
     choice is one row count for the whole model, not one per layer: switching libraries between the layers of one
     forward measured slower than either library alone. Returns ``{"plain_rows", "ms": {rows: [packed, plain]}}``.
     """
-    members = [(kernel, kernel.parts) for kernel in kernels if kernel.parts]
+    members = [kernel for kernel in kernels if kernel.parts]
     chosen, timings = 0, {}
     generator = torch.Generator().manual_seed(0)  # loading a model leaves the global random state alone
     with torch.inference_mode():
         for rows in CHOICE_ROWS if members else ():
             inputs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype, generator=generator)
-                      for _, weights in members for w, _ in weights}
+                      for kernel in members for w, _ in kernel.parts}
             packed = _median_ms(_packed_pass, members, inputs)
             plain = _median_ms(_plain_pass, members, inputs)
             timings[rows] = [round(packed, 3), round(plain, 3)]
             if plain >= CHOICE_MARGIN * packed:
                 break
             chosen = rows
-    for kernel, _ in members:
+    for kernel in members:
         kernel.plain_rows = chosen
     return {"plain_rows": chosen, "ms": timings}
 
 
-def _packed_pass(members: list, inputs: dict[tuple, torch.Tensor]) -> None:
-    for kernel, weights in members:
-        kernel.run_packed(inputs[weights[0][0].shape[1], weights[0][0].dtype])
+def _packed_pass(members: list[PackedLinear], inputs: dict[tuple, torch.Tensor]) -> None:
+    for kernel in members:
+        weight = kernel.parts[0][0]
+        kernel.run_packed(inputs[weight.shape[1], weight.dtype])
 
 
-def _plain_pass(members: list, inputs: dict[tuple, torch.Tensor]) -> None:
-    for _, weights in members:
-        for weight, bias in weights:
+def _plain_pass(members: list[PackedLinear], inputs: dict[tuple, torch.Tensor]) -> None:
+    for kernel in members:
+        for weight, bias in kernel.parts:
             nn.functional.linear(inputs[weight.shape[1], weight.dtype], weight, bias)
 
 
-def _median_ms(run, members: list, inputs: dict[tuple, torch.Tensor]) -> float:
+def _median_ms(run, members: list[PackedLinear], inputs: dict[tuple, torch.Tensor]) -> float:
     """Median wall time of ``run(members, inputs)`` after one untimed call (milliseconds)."""
     import statistics
     import time

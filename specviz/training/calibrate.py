@@ -27,7 +27,7 @@ import torch
 
 from specviz import api
 from specviz.bench.prompts import DEFAULT_PROMPTS
-from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
+from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve, judged_drafts
 from specviz.drafters.dflash import GREEDY_CALIBRATION_KEY, DSparkDrafter
 from specviz.engine import metrics
 from specviz.engine.drafter import DraftBudget
@@ -69,11 +69,13 @@ def collect(target, drafter: DSparkDrafter, prompts: list[list[int]], max_new_to
                            "(dspark:fixed[:<dir|hub id>])")
     budget, config = DraftBudget(k=drafter.spec.drafts), GenerationConfig(max_new_tokens=max_new_tokens)
     collected: list[Rounds] = []
+    count = 0
     for index, prompt_ids in enumerate(prompts):
         run = generate(target, prompt_ids, config, drafter, budget)
         collected.append([(r.meta["confidence_head"][: len(r.tokens)], len(r.accepted)) for r in run.rounds
                           if r.tokens])
-        log(f"prompt {index + 1}/{len(prompts)}: {len(judged(collected))} judged drafts")
+        count += sum(len(judged_drafts(raws, accepted)) for raws, accepted in collected[-1])
+        log(f"prompt {index + 1}/{len(prompts)}: {count} judged drafts")
     return collected
 
 
@@ -86,8 +88,8 @@ def judged(collected: list[Rounds], predict=None, prior: ReliabilityCurve | None
     for rounds in collected:
         online = OnlineCalibration(prior=prior)
         for raws, accepted in rounds:
-            for i, raw in enumerate(raws[: accepted + 1]):
-                pairs.append((raw if predict is None else predict(raw, online), i < accepted))
+            pairs += [(raw if predict is None else predict(raw, online), hit)
+                      for raw, hit in judged_drafts(raws, accepted)]
             online.record(raws, accepted)
     return pairs
 
