@@ -115,8 +115,9 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("target", str, "smollm2-135m", "target model: registry name, model directory, .gguf file or hub id",
              "target model", ui="dropdown", group="model", emit="always"),
     _setting("target_forward", str, "auto",
-             "fast: pre-packed oneDNN linear kernels and a preallocated KV cache on CPU; hf: transformers' own "
-             "forward; auto: fast where it runs", "target forward", choices=("auto", "fast", "hf"), group="model"),
+             "fast: linear kernels for thin products over weights packed at load, and a preallocated KV cache, "
+             "on CPU; hf: transformers' own forward; auto: fast where it runs", "target forward",
+             choices=("auto", "fast", "hf"), group="model"),
     _setting("device", str, None, "cuda, mps or cpu (default: the best available)", "device", optional=True,
              ui=None, group="model"),
     # ---- the prompt and the draft shape ---------------------------------------------------------------------

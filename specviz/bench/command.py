@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, l
 from specviz.bench.suite import run_suite
 from specviz.bench.summary import OVERALL, summarise
 from specviz.drafters import registry
+from specviz.engine.target import Target
 from specviz.errors import SpecvizError
 from specviz.settings import Setting
 
@@ -75,6 +77,20 @@ def _resolve(args: argparse.Namespace) -> None:
                                                                              ["chain", "tree"])
     args.drafter_list = registry.parse_list(args.drafters) if args.drafters is not None else \
         registry.default_specs(args.values["target"])
+
+
+#: The verify-cost curve's name for the fast path on oneDNN's packed product, measured beside the thin kernel's.
+ONEDNN_PATH = "fast-onednn"
+
+
+def _library_path(target: Target, reference: Target) -> dict[str, Target]:
+    """Where the fast path runs the thin kernel, the same path on oneDNN's packed product (its kernel choice measured
+    as for any fast copy), so one run gives both curves; else nothing."""
+    if reference is target or (getattr(target.model, "kernel_choice", None) or {}).get("wide") != "thin":
+        return {}
+    from specviz.models import fast_forward
+
+    return {ONEDNN_PATH: dataclasses.replace(target, model=fast_forward.fast_copy(reference.model, thin=False))}
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -149,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     # the verify-width curve over the longest prompt's context (the hardest case for a wide verify)
     context = max((target.encode_prompt(p.text, chat=values["chat"]) for p in prompts), key=len)
     try:
-        paths = {target.forward: target} | ({} if reference is target else {"hf": reference})
+        paths = {target.forward: target} | _library_path(target, reference) | (
+            {} if reference is target else {"hf": reference})
         cost = verify_cost.compare_paths(paths, context, verify_cost.widths_for(max(args.k_list), budget.max_nodes),
                                          about["memory_bandwidth_gbs"], peak_gflops=about["matmul_gflops"])
         cost["kernel_choice"] = getattr(target.model, "kernel_choice", None) or None

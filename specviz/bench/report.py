@@ -164,10 +164,13 @@ def verify_cost_section(cost: dict) -> list[str]:
     if "plain_rows" in choice:
         rows_ms = "; ".join(f"{r} row{'s' if int(r) > 1 else ''} {pair[0]:.1f} / {pair[1]:.1f} ms"
                             for r, pair in choice.get("ms", {}).items())
-        chosen = (f"F.linear for products of ≤ {choice['plain_rows']} rows, packed above" if choice["plain_rows"]
-                  else "packed for every product")
-        about += (f" The fast path's kernel choice, measured at load over all its linear layers (packed oneDNN / "
+        wide = {"thin": "the thin kernel", "onednn": "packed oneDNN"}.get(choice.get("wide"), "packed")
+        chosen = (f"F.linear for products of ≤ {choice['plain_rows']} rows, {wide} above" if choice["plain_rows"]
+                  else f"{wide} for every product")
+        about += (f" The fast path's kernel choice, measured at load over all its linear layers ({wide} / "
                   f"F.linear: {rows_ms}): {chosen}.")
+        if choice.get("thin_unavailable"):
+            about += f" The thin kernel did not run here: {choice['thin_unavailable']}."
     return ["## Target forward cost by verify width", "",
             "One causal forward over w new tokens on the longest prompt's cached context (median of 5), through "
             f"each target forward path ({', '.join(names)}) in the same run.{about}", "",

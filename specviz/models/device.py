@@ -124,8 +124,9 @@ def choose_runtime(device: str | None = None, dtype: torch.dtype | str | None = 
     return Runtime(device=resolved, dtype=resolved_dtype, attn_implementation=attn)
 
 
-#: How the target runs its forward: ``fast`` (pre-packed oneDNN linears, a preallocated KV cache) where it is
-#: available, else ``hf`` (transformers' own forward and ``DynamicCache``); ``auto`` picks fast where it runs.
+#: How the target runs its forward: ``fast`` (linears through kernels over weights packed at load, a preallocated KV
+#: cache) where it is available, else ``hf`` (transformers' own forward and ``DynamicCache``); ``auto`` picks fast
+#: where it runs.
 TARGET_FORWARDS = ("auto", "fast", "hf")
 
 

@@ -1,30 +1,32 @@
-"""The fast CPU execution path for an unmodified Hugging Face target: ``nn.Linear`` through pre-packed oneDNN.
+"""The fast CPU execution path for an unmodified Hugging Face target: ``nn.Linear`` through kernels for thin products.
 
 Speculative decoding pays off when verifying k + 1 tokens costs about what one token costs. On CPUs the default
 dispatch of ``F.linear`` (MKL) picks kernels whose cost grows steeply with the number of rows and leaves one-row
-products on one thread; oneDNN with weights reordered once into its blocked layout stays near the memory-bandwidth
-floor for 1 to 16 rows (BENCHMARKS.md has the curve). So each linear layer keeps its module and its weights, and
-only its ``forward`` is replaced by a call to the packed kernel (or to ``F.linear``, below). Sibling projections
-that read the same input (attention's q/k/v, the MLP's gate/up) share one packed product over their stacked weights:
-one larger, better-used kernel call in place of two or three (``fuse_siblings``). The modeling code is transformers'
-own. In float32 the Llama-style RMSNorms (fp32 upcast, mean of squares, rsqrt, scale) run as one ``F.rms_norm``
-call: the same result bit for bit (tested) with one operator call instead of six. A model on transformers' SDPA
-attention runs ``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the same kernel without copying
-every layer's cache per forward to repeat grouped key/value heads.
+products on one thread. So each linear layer keeps its module and its weights, and only its ``forward`` is replaced
+by a call to a kernel over a copy of its weights packed once at load: the thin kernel (``specviz.models.thin_kernel``:
+compiled for this machine on first use, streams each weight matrix once whatever the number of rows, and computes
+each row bit for bit as a one-row product would), or, where it cannot be built, oneDNN with the weights reordered
+into its blocked layout; or ``F.linear`` on the original weights (below). BENCHMARKS.md has the curves. Sibling
+projections that read the same input (attention's q/k/v, the MLP's gate/up) share one packed product over their
+stacked weights: one larger, better-used kernel call in place of two or three (``fuse_siblings``). The modeling code
+is transformers' own. In float32 the Llama-style RMSNorms (fp32 upcast, mean of squares, rsqrt, scale) run as one
+``F.rms_norm`` call: the same result bit for bit (tested) with one operator call instead of six. A model on
+transformers' SDPA attention runs ``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the same kernel
+without copying every layer's cache per forward to repeat grouped key/value heads.
 
 Which kernel is fastest depends on the processor and on how many rows a product has: on some CPUs MKL's
 ``F.linear`` beats the packed kernel for one or two rows (a plain decoding step) and loses badly from about four
 rows on (a verify forward); on others it runs one-row products on one thread and loses everywhere. So ``fast_copy``
 measures, once per model, a pass over all its linear layers at a few row counts with both kernels (weights
 streamed from memory, as in a forward) and sets ``plain_rows``: the row counts up to which ``F.linear`` on the
-original weights was faster. ``kernel_choice`` on the copy records it; BENCHMARKS.md has the curves. The timing
-reads every weight about 50 times (about a second for a 135M model; it grows with the model's size).
+original weights was faster. ``kernel_choice`` on the copy records it, and which packed kernel ran (``wide``). The
+timing reads every weight about 50 times (about a second for a 135M model; it grows with the model's size).
 
 ``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow
 the target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed
-weights, in oneDNN's layout, are new memory. The numbers are the same maths in another summation order, so logits agree
-with transformers' forward to float tolerance, not bit for bit; the tests compare greedy output with
-transformers' own ``generate``.
+weights are new memory. The numbers are the same maths in another summation order, so logits agree with
+transformers' forward to float tolerance, not bit for bit; the tests compare greedy output with transformers' own
+``generate``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 from torch import nn
 
 from specviz.errors import SpecvizError
-from specviz.models import grouped_sdpa
+from specviz.models import grouped_sdpa, thin_kernel
 
 _MARK = "_specviz_fast_forward"
 #: Linear children of one module that read the same input: run as one product (``fuse_siblings``).
@@ -56,30 +58,46 @@ def available(device: str, dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or bool(getattr(ops, "_is_mkldnn_bf16_supported", lambda: False)())
 
 
-def fast_copy(model: nn.Module, *, choose_kernels: bool = True) -> nn.Module:
-    """A copy of ``model`` sharing all its tensors whose linear layers run through pre-packed oneDNN kernels, or, for
-    the narrow products where it measured faster on this machine (``choose_kernels``), through ``F.linear``."""
+def fast_copy(model: nn.Module, *, choose_kernels: bool = True, thin: bool | None = None) -> nn.Module:
+    """A copy of ``model`` sharing all its tensors whose linear layers run through pre-packed kernels, or, for the
+    narrow products where it measured faster on this machine (``choose_kernels``), through ``F.linear``.
+
+    ``thin``: pack for the thin kernel (True: it must build here; None: where it builds, for a float32 model; False:
+    oneDNN's packed kernel)."""
     parameter = next(model.parameters())
     if not available(str(parameter.device), parameter.dtype):
         raise SpecvizError(f"the fast target forward needs a CPU model in float32 (bfloat16 where oneDNN has a "
                            f"bfloat16 path for the CPU) and a torch built with oneDNN; this one is {parameter.dtype} "
                            f"on {parameter.device}: use --target-forward hf")
+    kernel = _thin_kernel(thin, parameter.dtype)
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     fast = copy.deepcopy(model, shared)  # new modules, the same parameter and buffer tensors
     for module in list(fast.modules()):
         for names in SIBLING_PROJECTIONS:
-            fuse_siblings(module, names)
+            fuse_siblings(module, names, thin=kernel)
     for module in fast.modules():
         if isinstance(module, nn.Linear) and "forward" not in vars(module):
-            module.forward = PackedLinear(module.weight, module.bias)
+            module.forward = PackedLinear(module.weight, module.bias, thin=kernel)
         elif type(module).__name__ in PLAIN_RMS_NORMS and module.weight.dtype == torch.float32:
             module.forward = fused_rms_norm(module.weight, module.variance_epsilon)
     if getattr(fast.config, "_attn_implementation", None) == "sdpa" and grouped_sdpa.supported():
         grouped_sdpa.register()
         fast.set_attn_implementation(grouped_sdpa.NAME)
     setattr(fast, _MARK, True)
-    fast.kernel_choice = choose_plain_rows(linear_kernels(fast)) if choose_kernels else {}
+    choice = choose_plain_rows(linear_kernels(fast)) if choose_kernels else {}
+    fast.kernel_choice = {**choice, "wide": "thin" if kernel else "onednn"} if choose_kernels else {}
+    if kernel is None and thin is None and parameter.dtype == torch.float32 and choose_kernels:
+        fast.kernel_choice["thin_unavailable"] = thin_kernel.unavailable_reason()
     return fast
+
+
+def _thin_kernel(thin: bool | None, dtype: torch.dtype) -> thin_kernel.ThinKernel | None:
+    if thin is False or (thin is None and dtype != torch.float32):
+        return None
+    kernel = thin_kernel.load()
+    if thin and (kernel is None or dtype != torch.float32):
+        raise SpecvizError(f"the thin kernel cannot run here: {thin_kernel.unavailable_reason() or 'not float32'}")
+    return kernel
 
 
 def is_fast(model: nn.Module) -> bool:
@@ -87,12 +105,16 @@ def is_fast(model: nn.Module) -> bool:
 
 
 class PackedLinear:
-    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once into its blocked layout, or through
-    ``F.linear`` on the original weight for products of at most ``plain_rows`` rows (0: never)."""
+    """``x -> x @ weight.T + bias`` through a kernel over ``weight`` packed once (the ``thin`` kernel's panels, or
+    oneDNN's blocked layout), or through ``F.linear`` on the original weight for products of at most ``plain_rows``
+    rows (0: never)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 parts: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None):
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+                 parts: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
+                 thin: thin_kernel.ThinKernel | None = None):
+        self.thin = thin
+        self.packed = (thin.pack(weight) if thin is not None
+                       else torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
         self.bias = None if bias is None else bias.detach()
         self.out_features = weight.shape[0]
         self.plain_rows = 0
@@ -115,6 +137,8 @@ class PackedLinear:
         return self.run_plain(x) if self.narrow(x) else self.run_packed(x)
 
     def run_packed(self, x: torch.Tensor) -> torch.Tensor:
+        if self.thin is not None:
+            return self.thin.linear(x, self.packed, self.bias, self.out_features)
         rows = x.reshape(-1, x.shape[-1])
         if rows.dtype != self.packed.dtype or not rows.is_contiguous():
             rows = rows.to(self.packed.dtype).contiguous()
@@ -139,7 +163,7 @@ def linear_kernels(module: nn.Module) -> list[PackedLinear]:
     return list(found.values())
 
 
-def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
+def fuse_siblings(parent: nn.Module, names: tuple[str, ...], *, thin: thin_kernel.ThinKernel | None = None) -> bool:
     """Run ``parent``'s linear children ``names`` as one packed product over their stacked weights.
 
     The first of them called on an input computes every sibling's output and keeps the others' for that same input
@@ -157,7 +181,8 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...]) -> bool:
     # narrow products run each sibling's own F.linear on its own weight: no stacked unpacked copy
     stacked = PackedLinear(torch.cat([m.weight.detach() for m in modules]),
                            torch.cat([m.bias.detach() for m in modules]) if biased == {True} else None,
-                           parts=[(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in modules])
+                           parts=[(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in modules],
+                           thin=thin)
     sizes = [m.out_features for m in modules]
     kept: dict[int, torch.Tensor] = {}  # sibling index -> its output for ``kept_for[0]``
     kept_for: list[torch.Tensor | None] = [None]

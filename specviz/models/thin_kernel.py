@@ -1,0 +1,160 @@
+"""A matrix product for thin inputs (1 to a few dozen rows), built for this machine on first use.
+
+A target forward in speculative decoding multiplies each weight matrix by 1 (a plain step) to k + 1 or a tree's
+width (a verify) rows. On CPUs the library kernels are tuned for square-ish products: MKL's ``F.linear`` is fast for
+one to three rows and slows steeply after; oneDNN's pre-packed kernel is flat but pays a fixed overhead per call
+(BENCHMARKS.md, "Verify cost"). ``thin_kernel.c`` streams each weight matrix once, in 16-output panels, while every
+row of the input is multiplied against it in registers, so a product's cost stays near the time it takes to read
+the weights until the rows' arithmetic overtakes it. Each output is the same sum in the same order for any number
+of rows, so a verify forward computes a token's logits bit for bit as a one-token step does.
+
+The C source ships with specviz and is compiled on first use with the machine's C compiler (``cc``, or ``$CC``),
+``-O3 -march=native -fopenmp``, into ``~/.cache/specviz/kernels`` (``SPECVIZ_CACHE``), keyed by the source, the
+flags and the compiler. It runs where it can share torch's threads: Linux on x86-64 with AVX2 and FMA, a torch on
+GNU OpenMP (its libgomp loaded, which the library then uses too). Anywhere else, or with no compiler, or with
+``SPECVIZ_THIN_KERNEL=0``, ``load`` returns None with the reason (``unavailable_reason``) and the fast path keeps
+oneDNN's packed kernel. A leaf module: it imports nothing of specviz but its errors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from specviz.errors import SpecvizError
+
+SOURCE = Path(__file__).with_name("thin_kernel.c")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC")
+#: Set to 0 to keep the library kernels (oneDNN's packed product for wide products).
+DISABLE_ENV = "SPECVIZ_THIN_KERNEL"
+
+_loaded: ThinKernel | None = None
+_reason: str | None = None
+
+
+class ThinKernel:
+    """The compiled library: ``pack`` a weight once, then ``linear`` any number of rows against it."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path):
+        self.path = path
+        pointer, size = ctypes.c_void_p, ctypes.c_long
+        self._pack, self._linear = library.thin_pack, library.thin_linear
+        self._pack.argtypes = [pointer, pointer, size, size]
+        self._pack.restype = None
+        self._linear.argtypes = [pointer, pointer, pointer, pointer, size, size, size]
+        self._linear.restype = None
+        library.thin_packed_floats.argtypes = [size, size]
+        library.thin_packed_floats.restype = size
+        self._packed_floats = library.thin_packed_floats
+        self.max_rows = int(library.thin_max_rows())
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` [n, k] float32 -> the panel layout ``linear`` reads (a new tensor, about the same size)."""
+        if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+            raise SpecvizError(f"the thin kernel packs 2-D float32 CPU weights, got {weight.dtype} "
+                               f"{tuple(weight.shape)} on {weight.device}")
+        weight = weight.detach().contiguous()
+        n, k = weight.shape
+        packed = torch.empty(self._packed_floats(n, k), dtype=torch.float32)
+        self._pack(weight.data_ptr(), packed.data_ptr(), n, k)
+        return packed
+
+    def linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+               ) -> torch.Tensor:
+        """``x @ weight.T + bias`` for ``x`` [..., k] float32, with ``packed = pack(weight)``."""
+        k = x.shape[-1]
+        rows = x.reshape(-1, k)
+        if rows.dtype != torch.float32 or not rows.is_contiguous():
+            rows = rows.float().contiguous()
+        out = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
+        self._linear(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+                     rows.shape[0], out_features, k)
+        return out.reshape(*x.shape[:-1], out_features)
+
+
+def load() -> ThinKernel | None:
+    """The kernel, compiled on first use (cached on disk), or None where it cannot run here (``unavailable_reason``
+    says why). Never raises: a missing compiler or a failed build keeps the library kernels."""
+    global _loaded, _reason
+    if _loaded is None and _reason is None:
+        try:
+            _loaded = _build_and_load()
+        except _Unavailable as why:
+            _reason = str(why)
+    return _loaded
+
+
+def unavailable_reason() -> str | None:
+    load()
+    return _reason
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _build_and_load() -> ThinKernel:
+    if os.environ.get(DISABLE_ENV, "1").strip() == "0":
+        raise _Unavailable(f"turned off ({DISABLE_ENV}=0)")
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise _Unavailable(f"built for Linux on x86-64 only, this is {platform.system()} on {platform.machine()}")
+    flags = _cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        raise _Unavailable("this CPU has no AVX2/FMA")
+    if not _torch_uses_gnu_openmp():
+        raise _Unavailable("torch does not run on GNU OpenMP here, so the kernel could not share its threads")
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise _Unavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
+                                     " ".join(sorted(flags)).encode()])).hexdigest()[:16]
+    folder = Path(os.environ.get("SPECVIZ_CACHE", Path.home() / ".cache" / "specviz")) / "kernels"
+    path = folder / f"thin-{key}.so"
+    if not path.is_file():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as scratch:
+                built = Path(scratch) / path.name
+                result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
+                                        text=True, timeout=120)
+                if result.returncode != 0:
+                    last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+                    raise _Unavailable(f"{compiler} failed: {last}")
+                os.replace(built, path)  # atomic: a concurrent process sees the whole library or none
+        except (OSError, subprocess.SubprocessError) as error:
+            raise _Unavailable(f"could not build it: {error}") from None
+    try:
+        return ThinKernel(ctypes.CDLL(str(path)), path)
+    except (OSError, AttributeError) as error:
+        raise _Unavailable(f"could not load {path}: {error}") from None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _torch_uses_gnu_openmp() -> bool:
+    """torch's parallel backend is OpenMP and the libgomp it loaded is in this process (so the kernel's libgomp
+    dependency resolves to it and both share one thread pool)."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        return False
+    try:
+        return "libgomp" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
