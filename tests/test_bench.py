@@ -135,6 +135,7 @@ def test_quick_bench_end_to_end(capsys, model_dirs, tmp_path):
     assert "memory floor ms" in markdown and "compute floor ms" in markdown and "GFLOP/s" in markdown
     choice = cost["kernel_choice"]  # the fast path's measured choice, in the results and the report
     wide = "the thin kernel" if thin else "packed oneDNN"
+    assert ("the thin kernel / oneDNN's packed product: 4 rows" in markdown) == bool(choice.get("wide_ms"))
     assert (f"F.linear for products of ≤ {choice['plain_rows']} rows, {wide} above" if choice["plain_rows"]
             else f"{wide} for every product") in markdown
     page = (out / "report.html").read_text()

@@ -110,3 +110,27 @@ def test_without_the_kernel_the_fast_path_packs_for_onednn(monkeypatch):
     assert fast.kernel_choice["thin_unavailable"] == "no C compiler (cc) on PATH"
     with pytest.raises(SpecvizError, match="thin kernel cannot run here: no C compiler"):
         fast_forward.fast_copy(net, thin=True)
+
+
+@needs_kernel
+@pytest.mark.parametrize("onednn_wins", [False, True])
+def test_the_wide_kernel_is_chosen_by_measurement(onednn_wins, monkeypatch):
+    """The thin kernel stays unless oneDNN's packed product beats it at every timed width; then every kernel is
+    repacked for oneDNN and still computes transformers' logits."""
+    net = tiny.model("llama", 64, layers=2, hidden=48)
+    fast = fast_forward.fast_copy(net, choose_kernels=False)
+    kernels = fast_forward.linear_kernels(fast)
+
+    def fake(run, members, inputs):
+        thin = members[0].thin is not None
+        return 10.0 if thin else (5.0 if onednn_wins else 9.8)  # 9.8: within the margin, not a win
+
+    monkeypatch.setattr(fast_forward, "_median_ms", fake)
+    choice = fast_forward.choose_wide(kernels)
+    assert choice["wide"] == ("onednn" if onednn_wins else "thin")
+    assert set(choice["wide_ms"]) == set(fast_forward.WIDE_ROWS)
+    assert {kernel.thin is None for kernel in kernels} == {onednn_wins}
+    x = torch.randn(1, 5, 48)
+    attention = fast.model.layers[0].self_attn
+    torch.testing.assert_close(attention.k_proj(x), torch.nn.functional.linear(x, net.model.layers[0].self_attn
+                                                                               .k_proj.weight), rtol=1e-5, atol=1e-5)

@@ -169,6 +169,9 @@ def verify_cost_section(cost: dict) -> list[str]:
                   else f"{wide} for every product")
         about += (f" The fast path's kernel choice, measured at load over all its linear layers ({wide} / "
                   f"F.linear: {rows_ms}): {chosen}.")
+        if choice.get("wide_ms"):
+            about += (" Timed before it, the thin kernel / oneDNN's packed product: " + "; ".join(
+                f"{r} rows {pair[0]:.1f} / {pair[1]:.1f} ms" for r, pair in choice["wide_ms"].items()) + ".")
         if choice.get("thin_unavailable"):
             about += f" The thin kernel did not run here: {choice['thin_unavailable']}."
     return ["## Target forward cost by verify width", "",

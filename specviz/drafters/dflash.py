@@ -254,7 +254,7 @@ class DFlashBackbone(nn.Module):
         return out.reshape(batch, count, size, -1)[:, :, spec.first_output:]
 
     def for_inference(self, draft_quant: str = "off") -> DFlashBackbone:
-        """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run (as
+        """A copy sharing every tensor whose projections run through pre-packed kernels where they run (as
         the fast target path does), the output layer in int8 with ``draft_quant="int8"`` (else the target's own,
         as it runs there); the module itself stays trainable."""
         return inference_copy(self, self.fc.weight, self._borrowed["output"].weight, draft_quant, rows_packed=True)

@@ -237,7 +237,7 @@ class EagleHead(nn.Module):
 
     # ---- inference copy -----------------------------------------------------------------------------------------
     def for_inference(self, draft_quant: str = "off") -> EagleHead:
-        """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run
+        """A copy sharing every tensor whose projections run through pre-packed kernels where they run
         (as the fast target path does); the output rows are gathered once, in int8 with ``draft_quant="int8"``.
         The head itself stays trainable."""
         own_rows_packed = self.lm_head is not None or (self.d2t is None and self._borrowed["output_packed"])

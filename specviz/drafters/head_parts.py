@@ -81,7 +81,8 @@ def output_projection(rows: torch.Tensor, quant: str = "off", *, packed: bool = 
 def inference_copy(module: M, weight: torch.Tensor, rows: torch.Tensor | None, draft_quant: str = "off", *,
                    rows_packed: bool = False) -> M:
     """``module``'s copy for drafting (tensors shared; the module itself stays trainable): its linear layers through
-    pre-packed oneDNN kernels where they run (``weight``, one of its own, says the device and dtype), and
+    pre-packed kernels where they run (``fast_forward.packed_linear``; ``weight``, one of its own, says the device and
+    dtype), and
     ``_output_op`` over the output ``rows`` (``output_projection``; ``rows_packed``: the copy already runs them
     packed). ``draft_quant="auto"`` is resolved for the rows it would quantise (``weight`` when there are none);
     the copy's ``draft_quant`` says what it drafts with."""

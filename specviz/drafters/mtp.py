@@ -181,7 +181,7 @@ class MtpStack(nn.Module):
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
     def for_inference(self, draft_quant: str = "off") -> MtpStack:
-        """A copy sharing every tensor whose projections run through pre-packed oneDNN kernels where they run (as
+        """A copy sharing every tensor whose projections run through pre-packed kernels where they run (as
         the fast target path does), the output rows in int8 with ``draft_quant="int8"``; the stack itself stays
         trainable."""
         return inference_copy(self, self.layers[0].eh_proj.weight, self._borrowed["output"].weight, draft_quant,

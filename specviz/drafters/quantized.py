@@ -78,7 +78,8 @@ def check_quantizable(weight: torch.Tensor) -> None:
 
 
 def full_precision(weight: torch.Tensor) -> Projection:
-    """``x @ weight.T`` with the weight as it is: through pre-packed oneDNN where it runs, else ``F.linear``."""
+    """``x @ weight.T`` with the weight as it is: pre-packed (``fast_forward.packed_linear``) where it runs, else
+    ``F.linear``."""
     if fast_forward.available(str(weight.device), weight.dtype):
         return fast_forward.packed_linear(weight)
     return lambda x: F.linear(x, weight)

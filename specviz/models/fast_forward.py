@@ -19,8 +19,10 @@ Which kernel is fastest depends on the processor and on how many rows a product 
 rows on (a verify forward); on others it runs one-row products on one thread and loses everywhere. So ``fast_copy``
 measures, once per model, a pass over all its linear layers at a few row counts with both kernels (weights
 streamed from memory, as in a forward) and sets ``plain_rows``: the row counts up to which ``F.linear`` on the
-original weights was faster. ``kernel_choice`` on the copy records it, and which packed kernel ran (``wide``). The
-timing reads every weight about 50 times (about a second for a 135M model; it grows with the model's size).
+original weights was faster. Where the thin kernel builds it is first timed the same way against oneDNN's packed
+product at a verify's widths and kept unless oneDNN wins (``choose_wide``). ``kernel_choice`` on the copy records
+both choices (``plain_rows``, ``wide``). The timing reads every weight about 50 times, 80 with the thin kernel (one
+to two seconds for a 135M model; it grows with the model's size).
 
 ``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow
 the target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed
@@ -84,10 +86,13 @@ def fast_copy(model: nn.Module, *, choose_kernels: bool = True, thin: bool | Non
         grouped_sdpa.register()
         fast.set_attn_implementation(grouped_sdpa.NAME)
     setattr(fast, _MARK, True)
-    choice = choose_plain_rows(linear_kernels(fast)) if choose_kernels else {}
-    fast.kernel_choice = {**choice, "wide": "thin" if kernel else "onednn"} if choose_kernels else {}
-    if kernel is None and thin is None and parameter.dtype == torch.float32 and choose_kernels:
-        fast.kernel_choice["thin_unavailable"] = thin_kernel.unavailable_reason()
+    fast.kernel_choice = {}
+    if choose_kernels:
+        wide = choose_wide(linear_kernels(fast)) if kernel is not None and thin is None else {
+            "wide": "thin" if kernel else "onednn"}
+        fast.kernel_choice = {**choose_plain_rows(linear_kernels(fast)), **wide}
+        if kernel is None and thin is None and parameter.dtype == torch.float32:
+            fast.kernel_choice["thin_unavailable"] = thin_kernel.unavailable_reason()
     return fast
 
 
@@ -147,10 +152,12 @@ class PackedLinear:
 
 
 def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``x -> x @ weight.T + bias`` through oneDNN with ``weight`` reordered once, always packed: drafters' heads,
-    where ``F.linear`` for one row saved too little to keep a second, unpacked copy of gathered rows
+    """``x -> x @ weight.T + bias`` through a kernel over ``weight`` packed once, always packed: drafters' heads. The
+    thin kernel for a float32 CPU weight where it builds (it drafted faster than oneDNN at one row, BENCHMARKS.md),
+    else oneDNN; ``F.linear`` for one row saved too little to keep a second, unpacked copy of gathered rows
     (docs/bench-log/notes.md)."""
-    return PackedLinear(weight, bias, parts=[]).run_packed
+    thin = thin_kernel.load() if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
+    return PackedLinear(weight, bias, parts=[], thin=thin).run_packed
 
 
 def linear_kernels(module: nn.Module) -> list[PackedLinear]:
@@ -222,6 +229,8 @@ def fused_rms_norm(weight: torch.Tensor, eps: float):
 
 #: Row counts the kernel choice times; wider products always run packed.
 CHOICE_ROWS = (1, 2, 3, 4, 6, 8)
+#: Row counts (a verify's widths) at which the thin kernel is timed against oneDNN's packed product.
+WIDE_ROWS = (4, 8)
 #: ``F.linear`` must beat the packed kernel by this factor to be chosen (timing noise must not flip a choice).
 CHOICE_MARGIN = 0.95
 CHOICE_REPEATS = 5
@@ -251,6 +260,32 @@ def choose_plain_rows(kernels: list[PackedLinear]) -> dict:
     for kernel in members:
         kernel.plain_rows = chosen
     return {"plain_rows": chosen, "ms": timings}
+
+
+def choose_wide(kernels: list[PackedLinear]) -> dict:
+    """Keep the thin kernel for ``kernels`` (a model's, in module order) unless oneDNN's packed product beat it by the
+    margin at every row count of ``WIDE_ROWS``, timed as ``choose_plain_rows`` times (a pass over all the layers);
+    then repack them for oneDNN. The thin kernel is written for this kind of product, but a library tuned for a
+    processor may still win on one this was never measured on. Returns ``{"wide", "wide_ms": {rows: [thin,
+    onednn]}}``; the oneDNN copies are freed when the thin kernel stays.
+    """
+    members = [kernel for kernel in kernels if kernel.thin is not None and kernel.parts]
+    if not members:
+        return {"wide": "onednn"}
+    library = [PackedLinear(torch.cat([w for w, _ in kernel.parts]), kernel.bias, parts=kernel.parts)
+               for kernel in members]
+    timings = {}
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for rows in WIDE_ROWS:
+            inputs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype, generator=generator)
+                      for kernel in members for w, _ in kernel.parts}
+            timings[rows] = [round(_median_ms(_packed_pass, kernels_, inputs), 3) for kernels_ in (members, library)]
+    if not all(onednn < CHOICE_MARGIN * thin for thin, onednn in timings.values()):
+        return {"wide": "thin", "wide_ms": timings}
+    for kernel, packed in zip(members, library):
+        kernel.thin, kernel.packed = None, packed.packed
+    return {"wide": "onednn", "wide_ms": timings}
 
 
 def _packed_pass(members: list[PackedLinear], inputs: dict[tuple, torch.Tensor]) -> None:
