@@ -88,7 +88,7 @@ def test_kernel_choice_records_the_wide_kernel():
 
 
 def test_a_kernel_that_cannot_be_built_says_why(monkeypatch, tmp_path):
-    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    monkeypatch.setenv(thin_kernel.DIR_ENV, str(tmp_path))
     monkeypatch.setenv(thin_kernel.DISABLE_ENV, "0")
     with pytest.raises(thin_kernel._Unavailable, match="turned off"):
         thin_kernel._build_and_load()

@@ -6,10 +6,11 @@ one to three rows and slows steeply after; oneDNN's pre-packed kernel is flat bu
 (BENCHMARKS.md, "Verify cost"). ``thin_kernel.c`` streams each weight matrix once, in 16-output panels, while every
 row of the input is multiplied against it in registers, so a product's cost stays near the time it takes to read
 the weights until the rows' arithmetic overtakes it. Each output is the same sum in the same order for any number
-of rows, so a verify forward computes a token's logits bit for bit as a one-token step does.
+of rows, so a verify forward's linear products give each token's row bit for bit as a one-token step's do (its
+logits still differ in the last bits: attention and the norms see other shapes; docs/bench-log/notes.md).
 
 The C source ships with specviz and is compiled on first use with the machine's C compiler (``cc``, or ``$CC``),
-``-O3 -march=native -fopenmp``, into ``~/.cache/specviz/kernels`` (``SPECVIZ_CACHE``), keyed by the source, the
+``-O3 -march=native -fopenmp``, into ``~/.cache/specviz/kernels`` (``SPECVIZ_KERNEL_DIR``), keyed by the source, the
 flags and the compiler. It runs where it can share torch's threads: Linux on x86-64 with AVX2 and FMA, a torch on
 GNU OpenMP (its libgomp loaded, which the library then uses too). Anywhere else, or with no compiler, or with
 ``SPECVIZ_THIN_KERNEL=0``, ``load`` returns None with the reason (``unavailable_reason``) and the fast path keeps
@@ -35,6 +36,8 @@ SOURCE = Path(__file__).with_name("thin_kernel.c")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC")
 #: Set to 0 to keep the library kernels (oneDNN's packed product for wide products).
 DISABLE_ENV = "SPECVIZ_THIN_KERNEL"
+#: Where the compiled library is kept (default ``~/.cache/specviz/kernels``).
+DIR_ENV = "SPECVIZ_KERNEL_DIR"
 
 _loaded: ThinKernel | None = None
 _reason: str | None = None
@@ -117,7 +120,7 @@ def _build_and_load() -> ThinKernel:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
                                      " ".join(sorted(flags)).encode()])).hexdigest()[:16]
-    folder = Path(os.environ.get("SPECVIZ_CACHE", Path.home() / ".cache" / "specviz")) / "kernels"
+    folder = Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "specviz" / "kernels")
     path = folder / f"thin-{key}.so"
     if not path.is_file():
         try:
