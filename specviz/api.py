@@ -112,7 +112,7 @@ def header_for(run: Generation, prompt_text: str | None = None, chat: bool = Fal
     target = run.target
     return trace.make_header(
         target={"name": target.name, "source": target.source, "vocab_size": target.vocab_size,
-                "forward": target.forward},
+                "forward": target.forward, **_linear_kernels(target.model)},
         attention=attention.describe(target.model),
         drafter=({**run.drafter.describe(), "feature_layers": list(run.drafter.feature_layers)}
                  if run.drafter else None),
@@ -120,6 +120,14 @@ def header_for(run: Generation, prompt_text: str | None = None, chat: bool = Fal
         budget=run.budget.to_dict() if run.drafter else None,
         prompt={"text": prompt_text, "token_ids": run.prompt_ids, "pieces": target.pieces(run.prompt_ids)},
     )
+
+
+def _linear_kernels(model) -> dict:
+    """Which kernels ran the fast path's linear products (its measured choice), for the trace header."""
+    choice = getattr(model, "kernel_choice", None) or {}
+    if "wide" not in choice:
+        return {}
+    return {"linear_kernels": {"wide": choice["wide"], "plain_rows": choice.get("plain_rows", 0)}}
 
 
 def summary_for(run: Generation, baseline: Generation | None = None) -> dict:

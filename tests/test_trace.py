@@ -96,3 +96,13 @@ def test_read_refuses_missing_and_binary_files(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(TraceError):
         trace.read(binary)
+
+
+def test_the_header_says_which_kernels_ran_the_target():
+    """A fast-path target's header records its measured linear-kernel choice; transformers' forward has none."""
+    fast = tiny.target("llama", VOCAB, forward="fast", layers=1)
+    header = api.header_for(api.start(fast, PROMPT, None))
+    choice = fast.model.kernel_choice
+    assert header["target"]["forward"] == "fast"
+    assert header["target"]["linear_kernels"] == {"wide": choice["wide"], "plain_rows": choice["plain_rows"]}
+    assert "linear_kernels" not in api.header_for(api.start(tiny.target("llama", VOCAB), PROMPT, None))["target"]
