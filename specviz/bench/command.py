@@ -17,6 +17,7 @@ from specviz.bench.summary import OVERALL, summarise
 from specviz.drafters import registry
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError
+from specviz.models import fast_forward
 from specviz.settings import Setting
 
 QUICK = {"max_new_tokens": 24, "limit_per_category": 1}
@@ -88,8 +89,6 @@ def _library_path(target: Target, reference: Target) -> dict[str, Target]:
     as for any fast copy), so one run gives both curves; else nothing."""
     if reference is target or (getattr(target.model, "kernel_choice", None) or {}).get("wide") != "thin":
         return {}
-    from specviz.models import fast_forward
-
     return {ONEDNN_PATH: dataclasses.replace(target, model=fast_forward.fast_copy(reference.model, thin=False))}
 
 
