@@ -29,7 +29,7 @@ def test_thin_linear_is_x_times_w_transposed(n, k, biased):
     bias = torch.randn(n, generator=generator) if biased else None
     packed = KERNEL.pack(weight)
     for rows in (1, 2, 3, KERNEL.max_rows, KERNEL.max_rows + 1, 2 * KERNEL.max_rows + 3):
-        x = torch.randn(2, rows, k, generator=generator)[:, :, :]  # a leading batch dimension, as in a forward
+        x = torch.randn(2, rows, k, generator=generator)  # a leading batch dimension, as in a forward
         expected = (x.double() @ weight.double().T + (0 if bias is None else bias.double())).float()
         got = KERNEL.linear(x, packed, bias, n)
         assert got.shape == (2, rows, n)
@@ -96,7 +96,8 @@ def test_a_kernel_that_cannot_be_built_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "no-such-compiler-here")
     with pytest.raises(thin_kernel._Unavailable) as why:
         thin_kernel._build_and_load()
-    assert "no C compiler" in str(why.value) or "x86-64" in str(why.value) or "AVX2" in str(why.value)
+    # here: no compiler; on a machine that fails an earlier check, that check's reason
+    assert any(reason in str(why.value) for reason in ("no C compiler", "x86-64", "AVX2", "OpenMP"))
     assert not list(tmp_path.rglob("*.so"))
 
 

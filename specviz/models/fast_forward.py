@@ -88,9 +88,9 @@ def fast_copy(model: nn.Module, *, choose_kernels: bool = True, thin: bool | Non
     setattr(fast, _MARK, True)
     fast.kernel_choice = {}
     if choose_kernels:
-        wide = choose_wide(linear_kernels(fast)) if kernel is not None and thin is None else {
-            "wide": "thin" if kernel else "onednn"}
-        fast.kernel_choice = {**choose_plain_rows(linear_kernels(fast)), **wide}
+        kernels = linear_kernels(fast)
+        wide = choose_wide(kernels) if kernel is not None and thin is None else {"wide": "thin" if kernel else "onednn"}
+        fast.kernel_choice = {**choose_plain_rows(kernels), **wide}
         if kernel is None and thin is None and parameter.dtype == torch.float32:
             fast.kernel_choice["thin_unavailable"] = thin_kernel.unavailable_reason()
     return fast
@@ -153,7 +153,7 @@ class PackedLinear:
 
 def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``x -> x @ weight.T + bias`` through a kernel over ``weight`` packed once, always packed: drafters' heads. The
-    thin kernel for a float32 CPU weight where it builds (it drafted faster than oneDNN at one row, BENCHMARKS.md),
+    thin kernel for a float32 CPU weight where it builds (it drafted faster than oneDNN, docs/bench-log/notes.md),
     else oneDNN; ``F.linear`` for one row saved too little to keep a second, unpacked copy of gathered rows
     (docs/bench-log/notes.md)."""
     thin = thin_kernel.load() if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
@@ -249,8 +249,7 @@ def choose_plain_rows(kernels: list[PackedLinear]) -> dict:
     generator = torch.Generator().manual_seed(0)  # loading a model leaves the global random state alone
     with torch.inference_mode():
         for rows in CHOICE_ROWS if members else ():
-            inputs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype, generator=generator)
-                      for kernel in members for w, _ in kernel.parts}
+            inputs = _random_inputs(members, rows, generator)
             packed = _median_ms(_packed_pass, members, inputs)
             plain = _median_ms(_plain_pass, members, inputs)
             timings[rows] = [round(packed, 3), round(plain, 3)]
@@ -278,14 +277,19 @@ def choose_wide(kernels: list[PackedLinear]) -> dict:
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for rows in WIDE_ROWS:
-            inputs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype, generator=generator)
-                      for kernel in members for w, _ in kernel.parts}
+            inputs = _random_inputs(members, rows, generator)
             timings[rows] = [round(_median_ms(_packed_pass, kernels_, inputs), 3) for kernels_ in (members, library)]
     if not all(onednn < CHOICE_MARGIN * thin for thin, onednn in timings.values()):
         return {"wide": "thin", "wide_ms": timings}
     for kernel, packed in zip(members, library):
         kernel.thin, kernel.packed = None, packed.packed
     return {"wide": "onednn", "wide_ms": timings}
+
+
+def _random_inputs(members: list[PackedLinear], rows: int, generator: torch.Generator) -> dict[tuple, torch.Tensor]:
+    """One ``rows``-row input per (width, dtype) the kernels read, as the timed passes index them."""
+    return {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype, generator=generator)
+            for kernel in members for w, _ in kernel.parts}
 
 
 def _packed_pass(members: list[PackedLinear], inputs: dict[tuple, torch.Tensor]) -> None:
