@@ -21,14 +21,15 @@ PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
 
 
 @needs_kernel
-@pytest.mark.parametrize("n,k", [(16, 8), (37, 23), (200, 64), (5, 1)])
+@pytest.mark.parametrize("n,k", [(16, 8), (37, 23), (48, 9), (200, 64), (5, 1)])
 @pytest.mark.parametrize("biased", [False, True])
 def test_thin_linear_is_x_times_w_transposed(n, k, biased):
     generator = torch.Generator().manual_seed(n * k)
     weight = torch.randn(n, k, generator=generator)
     bias = torch.randn(n, generator=generator) if biased else None
     packed = KERNEL.pack(weight)
-    for rows in (1, 2, 3, KERNEL.max_rows, KERNEL.max_rows + 1, 2 * KERNEL.max_rows + 3):
+    for rows in (1, 2, 3, KERNEL.pair_rows, KERNEL.pair_rows + 1, KERNEL.max_rows, KERNEL.max_rows + 1,
+                 2 * KERNEL.max_rows + 3):  # two panels at once up to pair_rows, one above
         x = torch.randn(2, rows, k, generator=generator)  # a leading batch dimension, as in a forward
         expected = (x.double() @ weight.double().T + (0 if bias is None else bias.double())).float()
         got = KERNEL.linear(x, packed, bias, n)
@@ -41,7 +42,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_sit_beside_it():
     weight, x = torch.randn(100, 96), torch.randn(19, 96)
     packed = KERNEL.pack(weight)
     alone = torch.cat([KERNEL.linear(x[i:i + 1], packed, None, 100) for i in range(len(x))])
-    for rows in (2, 5, KERNEL.max_rows, 19):
+    for rows in (2, 5, KERNEL.pair_rows, KERNEL.pair_rows + 1, KERNEL.max_rows, 19):
         assert torch.equal(KERNEL.linear(x[:rows], packed, None, 100), alone[:rows])
 
 

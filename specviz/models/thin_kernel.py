@@ -57,7 +57,8 @@ class ThinKernel:
         library.thin_packed_floats.argtypes = [size, size]
         library.thin_packed_floats.restype = size
         self._packed_floats = library.thin_packed_floats
-        self.max_rows = int(library.thin_max_rows())
+        self.max_rows = int(library.thin_max_rows())  # rows multiplied against a panel in one pass
+        self.pair_rows = int(library.thin_pair_rows())  # up to this many rows, two panels are read at once
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """``weight`` [n, k] float32 -> the panel layout ``linear`` reads (a new tensor, about the same size)."""
