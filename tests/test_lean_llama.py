@@ -12,6 +12,7 @@ from specviz.engine.drafter import DraftBudget
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.verify import masked_forward
 from specviz.errors import SpecvizError
+from specviz.models import thin_kernel
 
 VOCAB = 64
 
@@ -81,7 +82,13 @@ def test_draft_forward_timing_compares_both_paths_and_refuses_other_architecture
         compare(model, [3])
 
 
-def test_int8_draft_weights_approximate_the_draft_and_leave_the_transformers_model_alone():
+@pytest.mark.parametrize("kernel", ["thin", "fbgemm"])
+def test_int8_draft_weights_approximate_the_draft_and_leave_the_transformers_model_alone(kernel, monkeypatch):
+    """Through the thin kernel where it builds (float32 activations), else fbgemm's (activations quantised too)."""
+    if kernel == "thin" and thin_kernel.load() is None:
+        pytest.skip(f"thin kernel unavailable: {thin_kernel.unavailable_reason()}")
+    if kernel == "fbgemm":
+        monkeypatch.setattr(thin_kernel, "load", lambda: None)
     model = tiny.model("llama", VOCAB, layers=2, hidden=64, scale=5)
     before = {name: p.clone() for name, p in model.state_dict().items()}
     full, int8 = lean_forward_for(model), lean_forward_for(model, "int8")

@@ -32,7 +32,7 @@ def test_thin_linear_is_x_times_w_transposed(n, k, biased):
                  2 * KERNEL.max_rows + 3):  # two panels at once up to pair_rows, one above
         x = torch.randn(2, rows, k, generator=generator)  # a leading batch dimension, as in a forward
         expected = (x.double() @ weight.double().T + (0 if bias is None else bias.double())).float()
-        got = KERNEL.linear(x, packed, bias, n)
+        got = KERNEL.linear(x, packed, bias)
         assert got.shape == (2, rows, n)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * k ** 0.5)
 
@@ -41,22 +41,48 @@ def test_thin_linear_is_x_times_w_transposed(n, k, biased):
 def test_a_row_gets_the_same_bits_whatever_rows_sit_beside_it():
     weight, x = torch.randn(100, 96), torch.randn(19, 96)
     packed = KERNEL.pack(weight)
-    alone = torch.cat([KERNEL.linear(x[i:i + 1], packed, None, 100) for i in range(len(x))])
+    alone = torch.cat([KERNEL.linear(x[i:i + 1], packed) for i in range(len(x))])
     for rows in (2, 5, KERNEL.pair_rows, KERNEL.pair_rows + 1, KERNEL.max_rows, 19):
-        assert torch.equal(KERNEL.linear(x[:rows], packed, None, 100), alone[:rows])
+        assert torch.equal(KERNEL.linear(x[:rows], packed), alone[:rows])
 
 
 @needs_kernel
 def test_non_contiguous_and_strided_inputs_are_read_right():
     weight = torch.randn(24, 32)
     x = torch.randn(32, 6).T  # [6, 32], not contiguous
-    torch.testing.assert_close(KERNEL.linear(x, KERNEL.pack(weight), None, 24), x @ weight.T, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(KERNEL.linear(x, KERNEL.pack(weight)), x @ weight.T, rtol=1e-5, atol=1e-4)
 
 
 @needs_kernel
 def test_pack_refuses_what_it_cannot_pack():
     with pytest.raises(SpecvizError, match="2-D float32 CPU weights"):
         KERNEL.pack(torch.randn(4, 4, dtype=torch.float64))
+    with pytest.raises(SpecvizError, match="float32, float16 or int8 weights, not torch.bfloat16"):
+        KERNEL.pack(torch.randn(4, 4), torch.bfloat16)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(16, 8), (37, 23), (200, 64)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int8])
+def test_narrow_weights_are_widened_exactly_and_rows_stay_independent(n, k, dtype):
+    """float16 and int8 panels (drafters' weights) give ``x @ W'.T + b`` for the rounded weight W' (float16: W's
+    nearest half; int8: round(W / s) * s with s = max |row| / 127 per output), and each row the same bits alone."""
+    generator = torch.Generator().manual_seed(n + k)
+    weight, bias = torch.randn(n, k, generator=generator), torch.randn(n, generator=generator)
+    packed = KERNEL.pack(weight, dtype)
+    assert packed.values.dtype == dtype and packed.values.numel() == -(-n // 16) * 16 * k
+    if dtype == torch.float16:
+        rounded = weight.half().double()
+    else:
+        scale = weight.abs().amax(dim=1, keepdim=True) / 127
+        rounded = (torch.round(weight / scale).clamp(-127, 127) * scale).double()
+        assert (rounded - weight.double()).abs().max() <= scale.max() / 2 + 1e-6
+    x = torch.randn(KERNEL.max_rows + 3, k, generator=generator)
+    expected = (x.double() @ rounded.T + bias.double()).float()
+    got = KERNEL.linear(x, packed, bias)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * k ** 0.5)
+    alone = torch.cat([KERNEL.linear(x[i:i + 1], packed, bias) for i in range(len(x))])
+    assert torch.equal(got, alone)
 
 
 @needs_kernel

@@ -1,16 +1,16 @@
 """Reduced-precision weights for a draft model's projections on CPU (``draft_quant="int8"``), and for the output
 layer of the head and block drafters (``head_parts.output_projection``).
 
-Why: on a CPU a draft step is memory-bound, and most of it is the 49k-row output layer. fbgemm's dynamic int8
-matmul (int8 weights, activations quantised per call) reads a quarter of the bytes, so the output-layer product
-gets several times cheaper (measured figures: BENCHMARKS.md). Only the draft changes: the target still verifies in
-full precision, so the output stays exactly the target's; a less faithful draft can only cost acceptance.
+Why: on a CPU a draft step is memory-bound, and most of it is the 49k-row output layer. int8 weights are a quarter
+of the bytes, so the output-layer product gets several times cheaper (measured figures: BENCHMARKS.md). Only the
+draft changes: the target still verifies in full precision, so the output stays exactly the target's; a less
+faithful draft can only cost acceptance.
 
-Which weights: int8 (per output channel) for the projections whose input is an RMS-normalised activation
-(q/k/v, gate/up, the output layer), fp16-packed weights for the two whose input is a raw activation with outliers
-(attention output and MLP down). Teacher-forced on the held-out Spec-Bench answers, this split keeps the shipped
-draft's top-1 agreement close to fp32, while int8 everywhere loses much of it (dynamic per-tensor activation scales
-cannot cover the down projection's outliers); measured figures: BENCHMARKS.md.
+Which weights: int8 (per output channel) for every projection where the thin kernel runs: its activations stay
+float32, so only the weights are rounded, and teacher-forced on the Spec-Bench dev answers the shipped draft's top-1
+agreement stays that of fp32. fbgemm quantises the activations too, with one scale per call, which the attention
+output and MLP down projections' raw, outlier-heavy inputs do not survive; there those two keep fp16-packed weights
+and the rest int8 (measured figures: BENCHMARKS.md).
 
 ``"auto"``, the setting's default, is int8 wherever these kernels run (a float32 draft on CPU) and the draft's own
 weights elsewhere (``resolve_draft_quant``); a drafter's ``describe()`` records what it resolved to.
@@ -18,8 +18,10 @@ weights elsewhere (``resolve_draft_quant``); a drafter's ``describe()`` records 
 Packing happens when the drafter is built (it lengthens that step, not a run), so it is outside every timed
 generation.
 
-These are fbgemm's packed matmuls (``torch.ops.quantized``), which torch has marked deprecated; where a torch build
-lacks them the option fails with one line and the full-precision draft keeps working.
+The products run through specviz's thin kernel (``specviz.models.thin_kernel``: the weights widened to float32 in
+registers, float32 activations) where it builds, else fbgemm's packed matmuls (``torch.ops.quantized``: int8
+activations quantised per call), which torch has marked deprecated; where neither runs the option fails with one
+line and the full-precision draft keeps working.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 
 from specviz import settings
 from specviz.errors import SpecvizError
-from specviz.models import fast_forward
+from specviz.models import fast_forward, thin_kernel
 
 DRAFT_QUANT_CHOICES = settings.get("draft_quant").choices
 
@@ -49,21 +51,22 @@ def check_draft_quant(value) -> str:
 
 
 def _int8_missing(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Why fbgemm's packed int8 matmuls cannot run for weights on ``device`` in ``dtype``; None when they can."""
+    """Why int8 products (the thin kernel's or fbgemm's) cannot run for weights on ``device`` in ``dtype``; None when
+    they can."""
     device = torch.device(device)
     if device.type != "cpu":
         return f"draft-quant int8 runs on CPU only; this draft is on {device.type}"
     if dtype != torch.float32:
         return f"draft-quant int8 needs a float32 draft, this one is {dtype}"
     engines = torch.backends.quantized.supported_engines
-    if "fbgemm" not in engines and "x86" not in engines:
+    if "fbgemm" not in engines and "x86" not in engines and thin_kernel.load() is None:
         return "draft-quant int8 needs a torch build with the fbgemm/x86 quantized engine"
     return None
 
 
 def resolve_draft_quant(value, device: torch.device | str, dtype: torch.dtype) -> str:
-    """The precision a draft on ``device`` in ``dtype`` drafts with: ``"auto"`` is int8 where fbgemm's int8
-    matmuls run (float32 on a CPU), since a draft step there is memory-bound and int8 reads a quarter of the bytes;
+    """The precision a draft on ``device`` in ``dtype`` drafts with: ``"auto"`` is int8 where int8 products
+    run (float32 on a CPU), since a draft step there is memory-bound and int8 reads a quarter of the bytes;
     elsewhere (a GPU, half precision) the draft's own weights. Other values are returned as they are."""
     if check_draft_quant(value) != "auto":
         return value
@@ -71,7 +74,7 @@ def resolve_draft_quant(value, device: torch.device | str, dtype: torch.dtype) -
 
 
 def check_quantizable(weight: torch.Tensor) -> None:
-    """fbgemm's packed matmuls exist for float32 CPU tensors only; say so in one line instead of a kernel error."""
+    """The int8 and float16 products take float32 CPU weights only; say so in one line instead of a kernel error."""
     reason = _int8_missing(weight.device, weight.dtype)
     if reason:
         raise SpecvizError(reason)
@@ -99,8 +102,13 @@ def _packing():
 
 
 def int8_projection(weight: torch.Tensor) -> Projection:
-    """Per-output-channel symmetric int8 weights, activations quantised per call (fbgemm dynamic linear)."""
+    """Per-output-channel symmetric int8 weights: the thin kernel's (float32 activations) where it runs, else
+    fbgemm's dynamic linear (activations quantised per call)."""
     check_quantizable(weight)
+    thin = thin_kernel.load()
+    if thin is not None:
+        packed = thin.pack(weight, torch.int8)
+        return lambda x: thin.linear(x, packed)
     with _packing():
         scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
         zero = torch.zeros(weight.shape[0], dtype=torch.long)
@@ -111,8 +119,12 @@ def int8_projection(weight: torch.Tensor) -> Projection:
 
 
 def fp16_projection(weight: torch.Tensor) -> Projection:
-    """fp16-packed weights, float32 activations and accumulation (fbgemm)."""
+    """float16 weights, float32 activations and accumulation: the thin kernel where it runs, else fbgemm."""
     check_quantizable(weight)
+    thin = thin_kernel.load()
+    if thin is not None:
+        packed = thin.pack(weight, torch.float16)
+        return lambda x: thin.linear(x, packed)
     with _packing():
         packed = torch.ops.quantized.linear_prepack_fp16(weight, None)
     return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)
@@ -122,5 +134,5 @@ def projections(quant: str) -> tuple[Callable[[torch.Tensor], Projection], Calla
     """(for inputs that are RMS-normalised, for raw residual-stream inputs) projection builders for ``quant``."""
     check_draft_quant(quant)
     if quant == "int8":
-        return int8_projection, fp16_projection
+        return int8_projection, int8_projection if thin_kernel.load() is not None else fp16_projection
     return full_precision, full_precision

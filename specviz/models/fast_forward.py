@@ -143,7 +143,7 @@ class PackedLinear:
 
     def run_packed(self, x: torch.Tensor) -> torch.Tensor:
         if self.thin is not None:
-            return self.thin.linear(x, self.packed, self.bias, self.out_features)
+            return self.thin.linear(x, self.packed, self.bias)
         rows = x.reshape(-1, x.shape[-1])
         if rows.dtype != self.packed.dtype or not rows.is_contiguous():
             rows = rows.to(self.packed.dtype).contiguous()

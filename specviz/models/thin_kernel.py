@@ -11,7 +11,7 @@ logits still differ in the last bits: attention and the norms see other shapes; 
 
 The C source ships with specviz and is compiled on first use with the machine's C compiler (``cc``, or ``$CC``),
 ``-O3 -march=native -fopenmp``, into ``~/.cache/specviz/kernels`` (``SPECVIZ_KERNEL_DIR``), keyed by the source, the
-flags and the compiler. It runs where it can share torch's threads: Linux on x86-64 with AVX2 and FMA, a torch on
+flags and the compiler. It runs where it can share torch's threads: Linux on x86-64 with AVX2, FMA and F16C, a torch on
 GNU OpenMP (its libgomp loaded, which the library then uses too). Anywhere else, or with no compiler, or with
 ``SPECVIZ_THIN_KERNEL=0``, ``load`` returns None with the reason (``unavailable_reason``) and the fast path keeps
 oneDNN's packed kernel. A leaf module: it imports nothing of specviz but its errors.
@@ -26,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,44 +45,66 @@ _reason: str | None = None
 
 
 class ThinKernel:
-    """The compiled library: ``pack`` a weight once, then ``linear`` any number of rows against it."""
+    """The compiled library: ``pack`` a weight once (float32, or for drafters float16 or int8), then ``linear`` any
+    number of rows against it."""
 
     def __init__(self, library: ctypes.CDLL, path: Path):
         self.path = path
         pointer, size = ctypes.c_void_p, ctypes.c_long
-        self._pack, self._linear = library.thin_pack, library.thin_linear
-        self._pack.argtypes = [pointer, pointer, size, size]
+        self._pack = library.thin_pack
+        self._pack.argtypes = [pointer, pointer, size, size, size]
         self._pack.restype = None
-        self._linear.argtypes = [pointer, pointer, pointer, pointer, size, size, size]
-        self._linear.restype = None
-        library.thin_packed_floats.argtypes = [size, size]
-        library.thin_packed_floats.restype = size
-        self._packed_floats = library.thin_packed_floats
+        self._products = {torch.float32: library.thin_linear, torch.float16: library.thin_linear_f16,
+                          torch.int8: library.thin_linear_i8}
+        for dtype, product in self._products.items():
+            product.argtypes = [pointer] * (5 if dtype == torch.int8 else 4) + [size, size, size]
+            product.restype = None
+        library.thin_packed_values.argtypes = [size, size]
+        library.thin_packed_values.restype = size
+        self._packed_values = library.thin_packed_values
         self.max_rows = int(library.thin_max_rows())  # rows multiplied against a panel in one pass
         self.pair_rows = int(library.thin_pair_rows())  # up to this many rows, two panels are read at once
 
-    def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """``weight`` [n, k] float32 -> the panel layout ``linear`` reads (a new tensor, about the same size)."""
+    def pack(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight:
+        """``weight`` [n, k] float32 -> the panel layout ``linear`` reads, in ``dtype``: float32 (the same values),
+        float16 (rounded to nearest) or int8 (symmetric, one float32 scale per output: ``max |w| / 127``)."""
         if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
             raise SpecvizError(f"the thin kernel packs 2-D float32 CPU weights, got {weight.dtype} "
                                f"{tuple(weight.shape)} on {weight.device}")
-        weight = weight.detach().contiguous()
-        n, k = weight.shape
-        packed = torch.empty(self._packed_floats(n, k), dtype=torch.float32)
-        self._pack(weight.data_ptr(), packed.data_ptr(), n, k)
-        return packed
+        if dtype not in self._products:
+            raise SpecvizError(f"the thin kernel packs float32, float16 or int8 weights, not {dtype}")
+        weight = weight.detach()
+        scale = None
+        if dtype == torch.int8:
+            scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).contiguous()
+            weight = torch.round(weight / scale[:, None]).clamp(-127, 127)
+        values = weight.to(dtype).contiguous()
+        n, k = values.shape
+        packed = torch.empty(self._packed_values(n, k), dtype=dtype)
+        self._pack(values.data_ptr(), packed.data_ptr(), n, k, values.element_size())
+        return PackedWeight(packed, scale, n)
 
-    def linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
-               ) -> torch.Tensor:
-        """``x @ weight.T + bias`` for ``x`` [..., k] float32, with ``packed = pack(weight)``."""
+    def linear(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T + bias`` for ``x`` [..., k] float32, with ``weight = pack(W)``."""
         k = x.shape[-1]
         rows = x.reshape(-1, k)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.float().contiguous()
-        out = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
-        self._linear(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-                     rows.shape[0], out_features, k)
-        return out.reshape(*x.shape[:-1], out_features)
+        out = torch.empty(rows.shape[0], weight.out_features, dtype=torch.float32)
+        scale = () if weight.scale is None else (weight.scale.data_ptr(),)
+        self._products[weight.values.dtype](rows.data_ptr(), weight.values.data_ptr(), *scale,
+                                            None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                            rows.shape[0], weight.out_features, k)
+        return out.reshape(*x.shape[:-1], weight.out_features)
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight in the kernel's panel layout: its values (float32, float16 or int8), the int8 scales, its rows."""
+
+    values: torch.Tensor
+    scale: torch.Tensor | None
+    out_features: int
 
 
 def load() -> ThinKernel | None:
@@ -111,8 +134,8 @@ def _build_and_load() -> ThinKernel:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise _Unavailable(f"built for Linux on x86-64 only, this is {platform.system()} on {platform.machine()}")
     flags = _cpu_flags()
-    if not {"avx2", "fma"} <= flags:
-        raise _Unavailable("this CPU has no AVX2/FMA")
+    if not {"avx2", "fma", "f16c"} <= flags:
+        raise _Unavailable("this CPU has no AVX2/FMA/F16C")
     if not _torch_uses_gnu_openmp():
         raise _Unavailable("torch does not run on GNU OpenMP here, so the kernel could not share its threads")
     compiler = shutil.which(os.environ.get("CC", "cc"))
