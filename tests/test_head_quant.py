@@ -1,5 +1,5 @@
 """``draft_quant="int8"`` for the feature-reading drafters (EAGLE, MTP, Medusa, DFlash/DSpark): their output layer in
-int8 moves the draft distribution a little and never the output."""
+int8 (and their own layers, where the thin kernel runs) moves the draft distribution a little and never the output."""
 
 import pytest
 import tiny
@@ -7,6 +7,7 @@ import torch
 from test_eagle import engine_counts, sampling_head
 from test_sampling_lossless import PASS_P, Table, V, chi_square_p
 
+from specviz.drafters import head_parts, quantized
 from specviz.drafters.dflash import DFlashDrafter, DSparkDrafter, new_model
 from specviz.drafters.eagle import EagleDrafter, new_head
 from specviz.drafters.medusa import MedusaDrafter, new_heads
@@ -15,6 +16,7 @@ from specviz.drafters.quantized import resolve_draft_quant
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import GenerationConfig, generate, plain_decode
 from specviz.errors import SpecvizError
+from specviz.models import thin_kernel
 
 VOCAB = 64
 LAYERS = 8  # room for EAGLE-3's (2, L//2, L-3) and DFlash's five feature layers
@@ -57,6 +59,34 @@ def test_int8_output_layer_changes_the_draft_not_the_output(setup, family, shape
     probs_full, probs_int8 = (torch.tensor([probs[i] for i in shared]) for probs in (first_full, first_int8))
     assert len(shared) >= 3 and not torch.equal(probs_full, probs_int8)
     assert torch.allclose(probs_full, probs_int8, atol=0.05)
+
+
+@pytest.mark.parametrize("family", list(BUILDERS))
+def test_int8_reaches_the_heads_own_layers_only_through_the_thin_kernel(setup, family, monkeypatch):
+    """Every own linear layer goes int8 where the thin kernel runs (float32 activations); without it they stay
+    float32, since fbgemm would quantise their raw inputs too."""
+    if thin_kernel.load() is None:
+        pytest.skip(f"thin kernel unavailable: {thin_kernel.unavailable_reason()}")
+    target, _ = setup
+    packed = []
+    monkeypatch.setattr(head_parts, "int8_layer", lambda w, b=None: packed.append(w) or quantized.int8_layer(w, b))
+    drafter = BUILDERS[family](target.model, draft_quant="int8")
+    trainable = {id(p) for p in drafter_module(drafter).parameters()}
+    own = [m.weight for m in drafter_module(drafter).modules() if isinstance(m, torch.nn.Linear)]
+    assert own and [id(w) for w in packed] == [id(w) for w in own] and all(id(w) in trainable for w in packed)
+    packed.clear()
+    monkeypatch.setattr(thin_kernel, "load", lambda: None)
+    BUILDERS[family](target.model, draft_quant="int8")
+    assert packed == []
+
+
+def drafter_module(drafter) -> torch.nn.Module:
+    """The trainable module a drafter drafts with a copy of."""
+    for name in ("head", "stack", "heads", "model"):
+        module = getattr(drafter, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    raise AssertionError(f"no drafting module on {type(drafter).__name__}")
 
 
 @pytest.mark.parametrize("family", list(BUILDERS))

@@ -39,10 +39,10 @@ def test_thin_linear_is_x_times_w_transposed(n, k, biased):
 
 @needs_kernel
 def test_a_row_gets_the_same_bits_whatever_rows_sit_beside_it():
-    weight, x = torch.randn(100, 96), torch.randn(19, 96)
+    weight, x = torch.randn(100, 96), torch.randn(400, 96)  # 400 rows: interleaved on the heap, not the stack
     packed = KERNEL.pack(weight)
     alone = torch.cat([KERNEL.linear(x[i:i + 1], packed) for i in range(len(x))])
-    for rows in (2, 5, KERNEL.pair_rows, KERNEL.pair_rows + 1, KERNEL.max_rows, 19):
+    for rows in (2, 5, KERNEL.pair_rows, KERNEL.pair_rows + 1, KERNEL.max_rows, 19, 400):
         assert torch.equal(KERNEL.linear(x[:rows], packed), alone[:rows])
 
 

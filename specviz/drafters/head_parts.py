@@ -13,7 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from specviz.drafters.eagle_layouts import TargetShape
-from specviz.drafters.quantized import Projection, check_draft_quant, int8_projection, resolve_draft_quant
+from specviz.drafters.quantized import (
+    Projection,
+    check_draft_quant,
+    int8_layer,
+    int8_layers_run,
+    int8_projection,
+    resolve_draft_quant,
+)
 from specviz.errors import SpecvizError
 from specviz.models import fast_forward
 
@@ -82,7 +89,7 @@ def inference_copy(module: M, weight: torch.Tensor, rows: torch.Tensor | None, d
                    rows_packed: bool = False) -> M:
     """``module``'s copy for drafting (tensors shared; the module itself stays trainable): its linear layers through
     pre-packed kernels where they run (``fast_forward.packed_linear``; ``weight``, one of its own, says the device and
-    dtype), and
+    dtype), in int8 with ``draft_quant="int8"`` where the thin kernel runs (``int8_layer``), and
     ``_output_op`` over the output ``rows`` (``output_projection``; ``rows_packed``: the copy already runs them
     packed). ``draft_quant="auto"`` is resolved for the rows it would quantise (``weight`` when there are none);
     the copy's ``draft_quant`` says what it drafts with."""
@@ -91,7 +98,11 @@ def inference_copy(module: M, weight: torch.Tensor, rows: torch.Tensor | None, d
     packs = fast_forward.available(str(weight.device), weight.dtype)
     if not packs and draft_quant == "off":
         return module
-    fast = shallow_copy(module, fast_forward.packed_linear if packs else plain_linear)
+    if draft_quant == "int8" and int8_layers_run(weight):
+        linear = int8_layer
+    else:
+        linear = fast_forward.packed_linear if packs else plain_linear
+    fast = shallow_copy(module, linear)
     fast.draft_quant = draft_quant
     if rows is not None:
         fast._output_op = output_projection(rows, draft_quant, packed=rows_packed or not packs)

@@ -118,6 +118,22 @@ def int8_projection(weight: torch.Tensor) -> Projection:
     return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)
 
 
+def int8_layers_run(weight: torch.Tensor) -> bool:
+    """Whether a drafter's own layers like ``weight`` can go int8 (``int8_layer``): the thin kernel runs and the
+    weight is a float32 CPU one."""
+    return thin_kernel.load() is not None and _int8_missing(weight.device, weight.dtype) is None
+
+
+def int8_layer(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
+    """``x -> x @ weight.T + bias`` with int8 weights through the thin kernel, activations float32: for a drafter's
+    own layers, whose inputs need not be normalised, so fbgemm's (which quantises the activations too) is not used.
+    Only where ``int8_layers_run``."""
+    thin = thin_kernel.load()
+    packed = thin.pack(weight.detach(), torch.int8)
+    bias = None if bias is None else bias.detach().float().contiguous()
+    return lambda x: thin.linear(x, packed, bias)
+
+
 def fp16_projection(weight: torch.Tensor) -> Projection:
     """float16 weights, float32 activations and accumulation: the thin kernel where it runs, else fbgemm."""
     check_quantizable(weight)

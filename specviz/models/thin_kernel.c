@@ -7,7 +7,8 @@
  * streams in flight keep the memory busy while the rows' arithmetic runs, which one stream with a long software
  * prefetch did not (docs/bench-log/notes.md, session 19). Every output is the same sum in the same order (k
  * ascending, one fused multiply-add per k) whatever the number of rows or panels, so a row's result does not
- * depend on the rows beside it.
+ * depend on the rows beside it. The rows of x are interleaved first (their k-th values side by side), so a step
+ * reads one cache line of x, not one per row.
  *
  * Three weight formats, one kernel: float32 (the target: exact), and for drafters, whose steps are memory-bound
  * and need not be exact, float16 (half the bytes) and int8 with one float32 scale per output (a quarter). The
@@ -23,6 +24,7 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
@@ -33,7 +35,7 @@
 #ifdef __AVX512F__
 #define LANES 16    /* floats per vector register */
 #define MAX_ROWS 16 /* 16 accumulators: a verify of up to 16 rows reads a panel once */
-#define PAIR_ROWS 8 /* up to 8 rows read two panels at once: two streams in flight, one broadcast of x per pair */
+#define PAIR_ROWS 12 /* up to 12 rows read two panels at once: two streams in flight, one broadcast of x per pair */
 #define LOAD_F32(p) (*(const vec *)(p))
 #define LOAD_F16(p) ((vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))))
 #define LOAD_I8(p) ((vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))))
@@ -46,6 +48,7 @@
 #define LOAD_I8(p) ((vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))))
 #endif
 #define SLICES (PANEL / LANES)
+#define STACK_FLOATS 32768 /* x up to 128 KB is interleaved on the stack */
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the panel row being read, into L1 */
 #define PREFETCH_FAR 8192   /* and, reading one panel, further ahead into L2 */
 
@@ -99,7 +102,7 @@ typedef void (*kernel_fn)(const float *, const void *, float *, long, long, long
                 _Pragma("GCC unroll 2") for (int s = 0; s < SLICES; s++) w[q][s] = LOAD(stream + s * LANES);    \
             }                                                                                                   \
             _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                              \
-                float xr = x[r * k + kk];                                                                       \
+                float xr = x[kk * R + r];                                                                       \
                 _Pragma("GCC unroll 2") for (int q = 0; q < P; q++)                                             \
                     _Pragma("GCC unroll 2") for (int s = 0; s < SLICES; s++) acc[q][r][s] += xr * w[q][s];      \
             }                                                                                                   \
@@ -128,12 +131,14 @@ typedef void (*kernel_fn)(const float *, const void *, float *, long, long, long
     KERNEL(NAME, T, LOAD, 16, 1)                                                                                \
     KERNEL(NAME, T, LOAD, 1, 2) KERNEL(NAME, T, LOAD, 2, 2) KERNEL(NAME, T, LOAD, 3, 2)                         \
     KERNEL(NAME, T, LOAD, 4, 2) KERNEL(NAME, T, LOAD, 5, 2) KERNEL(NAME, T, LOAD, 6, 2)                         \
-    KERNEL(NAME, T, LOAD, 7, 2) KERNEL(NAME, T, LOAD, 8, 2)                                                     \
+    KERNEL(NAME, T, LOAD, 7, 2) KERNEL(NAME, T, LOAD, 8, 2) KERNEL(NAME, T, LOAD, 9, 2)                         \
+    KERNEL(NAME, T, LOAD, 10, 2) KERNEL(NAME, T, LOAD, 11, 2) KERNEL(NAME, T, LOAD, 12, 2)                      \
     static const kernel_fn NAME##_one[MAX_ROWS + 1] = {                                                         \
         0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1, NAME##_7_1, NAME##_8_1,     \
         NAME##_9_1, NAME##_10_1, NAME##_11_1, NAME##_12_1, NAME##_13_1, NAME##_14_1, NAME##_15_1, NAME##_16_1}; \
     static const kernel_fn NAME##_two[PAIR_ROWS + 1] = {                                                        \
-        0, NAME##_1_2, NAME##_2_2, NAME##_3_2, NAME##_4_2, NAME##_5_2, NAME##_6_2, NAME##_7_2, NAME##_8_2};
+        0, NAME##_1_2, NAME##_2_2, NAME##_3_2, NAME##_4_2, NAME##_5_2, NAME##_6_2, NAME##_7_2, NAME##_8_2,     \
+        NAME##_9_2, NAME##_10_2, NAME##_11_2, NAME##_12_2};
 #else
 #define FORMAT(NAME, T, LOAD)                                                                                   \
     KERNEL(NAME, T, LOAD, 1, 1) KERNEL(NAME, T, LOAD, 2, 1) KERNEL(NAME, T, LOAD, 3, 1)                         \
@@ -146,8 +151,29 @@ FORMAT(f32, float, LOAD_F32)
 FORMAT(f16, uint16_t, LOAD_F16)
 FORMAT(i8, int8_t, LOAD_I8)
 
-static void run(const kernel_fn *one, const kernel_fn *two, long size, const float *x, const void *packed,
+/* x's rows in blocks of up to MAX_ROWS (the blocks the kernels read), each block interleaved: its rows' k-th values
+ * side by side, so one step of a kernel reads one cache line of x instead of one per row. */
+static void interleave(const float *restrict x, float *restrict out, long m, long k) {
+    for (long first = 0; first < m; first += MAX_ROWS) {
+        long rows = m - first < MAX_ROWS ? m - first : MAX_ROWS;
+        for (long kk = 0; kk < k; kk++)
+            for (long r = 0; r < rows; r++) out[first * k + kk * rows + r] = x[(first + r) * k + kk];
+    }
+}
+
+static void run(const kernel_fn *one, const kernel_fn *two, long size, const float *rows_of_x, const void *packed,
                 const float *scale, const float *bias, float *y, long m, long n, long k) {
+    float stack[m > 1 && m * k <= STACK_FLOATS ? m * k : 1];
+    float *x = (float *)rows_of_x;
+    if (m > 1) {
+        x = m * k <= STACK_FLOATS ? stack : malloc(m * k * sizeof(float));
+        if (!x) { /* out of memory: the rows as they are, through one-row kernels (the same sums) */
+            for (long r = 0; r < m; r++)
+                run(one, two, size, rows_of_x + r * k, packed, scale, bias, y + r * n, 1, n, k);
+            return;
+        }
+        interleave(rows_of_x, x, m, k);
+    }
     long panels = (n + PANEL - 1) / PANEL;
     long pairs = m <= PAIR_ROWS ? n / PANEL / 2 : 0; /* pairs of full panels; the rest one by one */
     long units = pairs + panels - 2 * pairs;
@@ -166,6 +192,8 @@ static void run(const kernel_fn *one, const kernel_fn *two, long size, const flo
             one[rows](x + first * k, panel, y + first * n + p * PANEL, k, n, width, a, b);
         }
     }
+    if (x != rows_of_x && x != stack)
+        free(x);
 }
 
 /* x: [m, k] float32; packed: thin_pack of W [n, k] (float32, float16 or int8); scale: [n] for int8 W, else
