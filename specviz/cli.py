@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
 def _generate_parser(sub) -> None:
     parser = sub.add_parser("generate", help="run one speculative generation")
     settings.add_options(parser, readers=registry.reader_titles())
-    parser.add_argument("--drafter", default=registry.DEFAULT_SPEC, help=registry.spec_help())
+    parser.add_argument("--drafter", help=f"{registry.spec_help()} (default: {registry.default_help()})")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--baseline", action="store_true", help="also run plain decoding and report the speedup")
     parser.add_argument("--trace", help="write the JSON Lines trace here")
@@ -42,13 +42,14 @@ def _generate_parser(sub) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     values = settings.from_args(args)  # every setting checked before anything loads
-    registry.parse(args.drafter)
+    drafter_spec = args.drafter or registry.default_for(values["target"])
+    registry.parse(drafter_spec)
     budget, config = api.budget_for(values), api.config_for(values)
     if not args.prompt.strip():
         raise SpecvizError("the prompt is empty")
     kwargs = {"device": values["device"]} if values["device"] else {}
     target = api.load_target(values["target"], target_forward=values["target_forward"], **kwargs)
-    drafter = api.make_drafter(args.drafter, target, values)
+    drafter = api.make_drafter(drafter_spec, target, values)
     prompt_ids = target.encode_prompt(args.prompt, chat=values["chat"])
     warm_up(target, prompt_ids)
     run = api.start(target, prompt_ids, drafter, budget, config).run()

@@ -5,6 +5,7 @@ It must compute what transformers computes (to float tolerance), leave the loade
 """
 
 import importlib.util
+import threading
 
 import pytest
 import tiny
@@ -85,6 +86,16 @@ def test_sibling_projections_share_one_product_whatever_the_call_pattern(arch, m
         gate = mlp.gate_proj(x)
         torch.testing.assert_close(mlp.up_proj(x), torch.nn.functional.linear(x, mlp.up_proj.weight))
         torch.testing.assert_close(gate, torch.nn.functional.linear(x, mlp.gate_proj.weight))
+        # another thread (another app session on the shared target) between this thread's q and k: each keeps its own
+        products.clear()
+        attention.q_proj(x)
+        other = threading.Thread(target=lambda: [getattr(attention, f"{n}_proj")(y) for n in ("q", "k", "v")])
+        other.start()
+        other.join()
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(attention, f"{name}_proj")(x), expect(f"{name}_proj", x), rtol=1e-5,
+                                       atol=1e-5)
+        assert products == [qkv, qkv]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -76,3 +76,33 @@ def test_missing_layer_is_one_line_error():
     drafter = Recording(tiny.model("llama", VOCAB, layers=1), VOCAB)  # declares hidden_states[3]; there are 0..2
     with pytest.raises(SpecvizError, match=r"hidden-state layers \[3\] do not exist"):
         Generation(target, PROMPT, GenerationConfig(max_new_tokens=4), drafter, DraftBudget(k=2))
+
+
+def test_a_capture_records_only_its_own_threads_forwards():
+    """The app's sessions share one target: a forward run by another thread (another session's run, with hooks of
+    its own) must not overwrite this run's captured rows."""
+    import threading
+
+    net = tiny.model("llama", VOCAB, layers=2)
+    mine, theirs = torch.tensor([PROMPT]), torch.tensor([PROMPT[:4]])
+    opened, forwarded = threading.Event(), threading.Event()
+    captured: dict[str, dict] = {}
+
+    def other_session():
+        with features.capture(net, (1,)) as found:
+            opened.set()
+            forwarded.wait(10)
+            with torch.inference_mode():
+                net(theirs)
+            captured["theirs"] = dict(found)
+
+    thread = threading.Thread(target=other_session)
+    with features.capture(net, (1,)) as found:
+        thread.start()
+        assert opened.wait(10)
+        with torch.inference_mode():
+            net(mine)
+        forwarded.set()
+        thread.join(10)
+        assert found[1].shape[0] == len(PROMPT)  # still this thread's forward, not the other's 4 rows
+    assert captured["theirs"][1].shape[0] == 4

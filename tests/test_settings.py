@@ -75,7 +75,16 @@ def test_one_set_of_defaults():
     budget = api.budget_for(settings.validate())
     assert budget.to_dict() == {name: defaults[name] for name in budget.to_dict()}
     assert api.config_for(settings.validate()).max_new_tokens == 128
-    assert registry.DEFAULT_SPEC == parse("generate", "--prompt", "x").drafter
+    assert parse("generate", "--prompt", "x").drafter is None  # resolved for the target: registry.default_for
+
+
+def test_the_default_drafter_is_the_fastest_measured_where_its_checkpoint_ships():
+    from specviz.models.registry import DEFAULT_TARGET
+
+    assert registry.PREFERRED_SPECS[0] in registry.get("hybrid").ready(DEFAULT_TARGET)
+    assert registry.default_for(DEFAULT_TARGET) == "hybrid"
+    assert registry.default_for("some-other-model") == registry.DEFAULT_SPEC == "ngram"  # needs no checkpoint
+    assert "hybrid where its checkpoint is shipped for the target, else ngram" in registry.default_help()
 
 
 def test_old_command_lines_keep_working():
@@ -200,7 +209,7 @@ def test_ui_widgets_follow_the_declaration():
             titles = " / ".join(family.title for family in registry.readers(setting.name))
             assert component.info.startswith(f"{titles} only: ")
     assert panel.target.value == settings.default("target")
-    assert panel.drafter.value == registry.DEFAULT_SPEC
+    assert panel.drafter.value == registry.default_for(panel.target.value)
     assert [v for _, v in panel.drafter.choices] == [s for _, specs in registry.menu(panel.target.value)
                                                      for s in specs]
 

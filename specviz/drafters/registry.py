@@ -24,8 +24,12 @@ if TYPE_CHECKING:
     from specviz.engine.drafter import Drafter
     from specviz.engine.target import Target
 
-#: The spec a run uses when none is given (the n-gram drafter: see ``specviz.settings`` for why).
+#: The spec a run uses when none is given and none of ``PREFERRED_SPECS`` is ready for its target: the n-gram
+#: lookup, which needs no checkpoint.
 DEFAULT_SPEC = "ngram"
+#: Tried first, in order, where ready for the target (its checkpoint shipped): the fastest drafters measured on the
+#: reference 2-core CPU (BENCHMARKS.md): the lookup, else the EAGLE-3 head.
+PREFERRED_SPECS = ("hybrid",)
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,22 @@ def build(spec: str, target: Target, settings: Mapping[str, Any]) -> Drafter:
     """The drafter for ``spec``; a setting the family reads and ``settings`` lacks takes its declared default."""
     family, argument = parse(spec)
     return family.build(argument, target, {**{name: run_settings.default(name) for name in family.reads}, **settings})
+
+
+def default_for(target: str) -> str:
+    """The drafter a run on ``target`` (a registry name) uses when none is given: the first of ``PREFERRED_SPECS``
+    ready for it, else ``DEFAULT_SPEC``."""
+    for spec in PREFERRED_SPECS:
+        family, _ = parse(spec)
+        if spec in family.ready(target):
+            return spec
+    return DEFAULT_SPEC
+
+
+def default_help() -> str:
+    """The default drafter in words, for help and info lines."""
+    return (f"{' where its checkpoint is shipped for the target, else '.join((*PREFERRED_SPECS, DEFAULT_SPEC))}; "
+            "the fastest measured on the reference 2-core CPU (BENCHMARKS.md)")
 
 
 def default_specs(target: str) -> list[str]:

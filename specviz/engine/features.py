@@ -14,6 +14,7 @@ arrives with the next round, as in EAGLE.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,7 +69,9 @@ def capture(model: torch.nn.Module, layers: tuple[int, ...]) -> Iterator[dict[in
     """Within this block every forward of ``model`` records ``hidden_states[i]`` for ``i`` in ``layers``.
 
     Yields a dict filled by the forward: index -> ``[tokens, hidden]`` of the latest forward (batch 1). The hooks
-    are removed on exit, so a generation that is abandoned midway leaves the shared model as it was.
+    are removed on exit, so a generation that is abandoned midway leaves the shared model as it was. Only forwards
+    run by the thread that opened the block are recorded: the app's sessions share one target, and a forward of
+    another session's run must not overwrite this run's rows.
     """
     found: dict[int, torch.Tensor] = {}
     if not layers:
@@ -76,8 +79,11 @@ def capture(model: torch.nn.Module, layers: tuple[int, ...]) -> Iterator[dict[in
         return
     decoder = _decoder(model)
     handles = []
+    owner = threading.get_ident()
     for index in dict.fromkeys(layers):
         def hook(module, inputs, output, index=index):
+            if threading.get_ident() != owner:
+                return
             tensor = output[0] if isinstance(output, tuple) else output
             found[index] = tensor[0].detach()
         handles.append(_module_for(decoder, index).register_forward_hook(hook))

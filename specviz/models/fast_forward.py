@@ -34,6 +34,7 @@ transformers' forward to float tolerance, not bit for bit; the tests compare gre
 from __future__ import annotations
 
 import copy
+import threading
 
 import torch
 from torch import nn
@@ -176,7 +177,8 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...], *, thin: thin_kerne
     The first of them called on an input computes every sibling's output and keeps the others' for that same input
     tensor object (checked by identity, so the modeling code must not modify it in place between the calls, which
     no projection does); a call on any other input computes the stacked product afresh, so every output is its own
-    input's product whatever the order or pattern of calls. Returns whether the group was fused (all
+    input's product whatever the order or pattern of calls. What is kept is kept per thread: the app's sessions
+    run one shared target from several threads. Returns whether the group was fused (all
     present, linear, one dtype, biases on all or none).
     """
     modules = [getattr(parent, name, None) for name in names]
@@ -191,22 +193,21 @@ def fuse_siblings(parent: nn.Module, names: tuple[str, ...], *, thin: thin_kerne
                            parts=[(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in modules],
                            thin=thin)
     sizes = [m.out_features for m in modules]
-    kept: dict[int, torch.Tensor] = {}  # sibling index -> its output for ``kept_for[0]``
-    kept_for: list[torch.Tensor | None] = [None]
+    per_thread = threading.local()  # .input, .kept (sibling index -> its output for .input): one run per thread
 
     def sibling(index: int):
         def forward(x: torch.Tensor) -> torch.Tensor:
             if stacked.narrow(x):
                 return stacked.run_plain(x, index)
-            if kept_for[0] is x and index in kept:
+            kept = getattr(per_thread, "kept", None)
+            if kept and per_thread.input is x and index in kept:
                 output = kept.pop(index)
                 if not kept:
-                    kept_for[0] = None
+                    per_thread.input = None
                 return output
             outputs = stacked.run_packed(x).split(sizes, dim=-1)
-            kept.clear()
-            kept.update((i, out) for i, out in enumerate(outputs) if i != index)
-            kept_for[0] = x
+            per_thread.kept = {i: out for i, out in enumerate(outputs) if i != index}
+            per_thread.input = x
             return outputs[index]
         return forward
 

@@ -80,7 +80,7 @@ def widget(setting: Setting, **overrides) -> gr.components.Component:
 
 def drafter_info() -> str:
     families = "; ".join(f"{f.syntax}: {f.title}" for f in registry.families())
-    return f"{families}. Default {registry.DEFAULT_SPEC}: an n-gram chain of k = 2 is {declared.FASTEST}"
+    return f"{families}. Default: {registry.default_help()}"
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Settings:
         example.input(examples.prompt_text, example, prompt, queue=False)
         if "target" in widgets:
             widgets["target"].change(
-                lambda t: gr.Dropdown(choices=runner.drafter_menu(t or ""), value=registry.DEFAULT_SPEC),
+                lambda t: gr.Dropdown(choices=runner.drafter_menu(t or ""), value=registry.default_for(t or "")),
                 widgets["target"], drafter, queue=False)
         return settings
 
@@ -151,9 +151,9 @@ def _widget(setting: Setting) -> gr.components.Component:
 
 
 def _drafter_dropdown(target: gr.Dropdown | None) -> gr.Dropdown:
-    return gr.Dropdown(choices=runner.drafter_menu(target.value if target is not None else ""),
-                       value=registry.DEFAULT_SPEC, allow_custom_value=True, label="drafter", info=drafter_info(),
-                       elem_id="drafter")
+    name = target.value if target is not None else ""
+    return gr.Dropdown(choices=runner.drafter_menu(name), value=registry.default_for(name), allow_custom_value=True,
+                       label="drafter", info=drafter_info(), elem_id="drafter")
 
 
 def request(*values, tree: bool | None = None) -> runner.RunRequest:
