@@ -161,9 +161,10 @@ SETTINGS: tuple[Setting, ...] = (
              "0 = the whole vocabulary)", "draft vocabulary (first N token ids)", low=0, high=1 << 20, ui="number",
              drafter_only=True),
     _setting("draft_quant", str, "auto",
-             "draft weights: int8 (a draft model's projections in int8/fp16, a head's or block drafter's output "
-             "layer in int8; CPU only), off (the draft's own weights), or auto: int8 where it runs (a float32 draft "
-             "on CPU), else off. The target still verifies in full precision, so the output is unchanged",
+             "draft weights: int8 (a draft model's projections, a head's or block drafter's output layer and, "
+             "through the thin kernel, its own layers; without the kernel two of a draft model's in fp16; CPU "
+             "only), off (the draft's own weights), or auto: int8 where it runs (a float32 draft on CPU), else off. "
+             "The target still verifies in full precision, so the output is unchanged",
              "draft weights", choices=("auto", "off", "int8"), drafter_only=True,
              why="int8 drafted faster, at the same acceptance or within 0.01, for every family measured on the "
                  "reference 2-core CPU (BENCHMARKS.md)"),

@@ -11,8 +11,8 @@ Only the configurations whose maths it reproduces are accepted (plain RoPE, SiLU
 window); anything else keeps transformers' forward. It reads and writes the same ``DynamicCache`` and takes the
 same inputs as ``model(...)`` in ``masked_forward``, so the drafter's cache bookkeeping is unchanged. Drafts only:
 the target always runs transformers' own forward, so verification is bit-for-bit the plain-decoding path.
-With ``quant="int8"`` the projections use int8/fp16 weights instead (``specviz.drafters.quantized``): logits close
-to transformers', no longer equal.
+With ``quant="int8"`` the projections use int8 weights instead (two in fp16 where the thin kernel cannot run;
+``specviz.drafters.quantized``): logits close to transformers', no longer equal.
 """
 
 from __future__ import annotations
