@@ -105,12 +105,10 @@ def int8_projection(weight: torch.Tensor) -> Projection:
     """Per-output-channel symmetric int8 weights: the thin kernel's (float32 activations) where it runs, else
     fbgemm's dynamic linear (activations quantised per call)."""
     check_quantizable(weight)
-    thin = thin_kernel.load()
-    if thin is not None:
-        packed = thin.pack(weight, torch.int8)
-        return lambda x: thin.linear(x, packed)
+    if thin_kernel.load() is not None:
+        return _thin_product(weight, torch.int8)
     with _packing():
-        scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+        scale = thin_kernel.int8_scales(weight).double()
         zero = torch.zeros(weight.shape[0], dtype=torch.long)
         packed = torch.ops.quantized.linear_prepack(
             torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8), None)
@@ -128,8 +126,13 @@ def int8_layer(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projec
     """``x -> x @ weight.T + bias`` with int8 weights through the thin kernel, activations float32: for a drafter's
     own layers, whose inputs need not be normalised, so fbgemm's (which quantises the activations too) is not used.
     Only where ``int8_layers_run``."""
+    return _thin_product(weight, torch.int8, bias)
+
+
+def _thin_product(weight: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None = None) -> Projection:
+    """``x -> x @ weight.T + bias`` through the thin kernel with the weight packed once in ``dtype``."""
     thin = thin_kernel.load()
-    packed = thin.pack(weight.detach(), torch.int8)
+    packed = thin.pack(weight.detach(), dtype)
     bias = None if bias is None else bias.detach().float().contiguous()
     return lambda x: thin.linear(x, packed, bias)
 
@@ -137,10 +140,8 @@ def int8_layer(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projec
 def fp16_projection(weight: torch.Tensor) -> Projection:
     """float16 weights, float32 activations and accumulation: the thin kernel where it runs, else fbgemm."""
     check_quantizable(weight)
-    thin = thin_kernel.load()
-    if thin is not None:
-        packed = thin.pack(weight, torch.float16)
-        return lambda x: thin.linear(x, packed)
+    if thin_kernel.load() is not None:
+        return _thin_product(weight, torch.float16)
     with _packing():
         packed = torch.ops.quantized.linear_prepack_fp16(weight, None)
     return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)

@@ -76,7 +76,7 @@ class ThinKernel:
         weight = weight.detach()
         scale = None
         if dtype == torch.int8:
-            scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).contiguous()
+            scale = int8_scales(weight).contiguous()
             weight = torch.round(weight / scale[:, None]).clamp(-127, 127)
         values = weight.to(dtype).contiguous()
         n, k = values.shape
@@ -96,6 +96,11 @@ class ThinKernel:
                                             None if bias is None else bias.data_ptr(), out.data_ptr(),
                                             rows.shape[0], weight.out_features, k)
         return out.reshape(*x.shape[:-1], weight.out_features)
+
+
+def int8_scales(weight: torch.Tensor) -> torch.Tensor:
+    """Symmetric per-output int8 scales of a [n, k] weight: ``max |w| / 127`` per row (never zero)."""
+    return weight.abs().amax(dim=1).clamp_min(1e-12) / 127
 
 
 @dataclass(frozen=True)
