@@ -8,8 +8,9 @@ declaration (its ``reads`` in ``specviz.drafters.registry``), so a new family ne
 are read by the run itself (the draft budget every drafter gets, the sampler, the target).
 
 One set of defaults: the draft shape is the configuration that measured fastest on the reference machine (a
-2-core CPU, BENCHMARKS.md): an n-gram chain of k = 2, or a 2-node tree (width 2, depth 2); runs generate 128
-new tokens through the chat template, as the benchmark does. A leaf module: it imports nothing from specviz but
+2-core CPU, BENCHMARKS.md): a tree of at most 4 nodes (width 3, depth 2), or, where a chain is asked for, k = 2;
+runs generate 128 new tokens through the chat template, as the benchmark does. A chain length typed without a
+shape (``--k 4`` alone) asks for a chain (``from_args``). A leaf module: it imports nothing from specviz but
 ``specviz.errors``, so every layer (the engine included) may read it.
 """
 
@@ -124,19 +125,20 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("chat", bool, True, "wrap the prompt in the target's chat template", "prompt format",
              flags=("--chat",), off_flags=("--no-chat",), off_help="feed the prompt raw, without the chat template",
              ui_options=(("chat", True), ("raw", False)), ui_id="mode", group="prompt"),
-    _setting("tree", bool, False, "draft a tree instead of a chain", "draft shape", flags=("--tree",),
-             ui_options=(("chain", False), ("tree", True)), ui_id="shape",
-             why="an n-gram chain of k = 2 is " + FASTEST + ", a 2-node tree within noise of it"),
+    _setting("tree", bool, True, "draft a tree (width x depth, at most max-nodes)", "draft shape", flags=("--tree",),
+             off_flags=("--chain",), off_help="draft a chain of k tokens (also what --k alone asks for)",
+             ui_options=(("chain", False), ("tree", True)), ui_id="shape", emit="always",
+             why="a 4-node tree (width 3, depth 2) is " + FASTEST + " for the default drafter"),
     _setting("k", int, 2, "chain length: tokens drafted per round", "chain length k", low=1, high=32, ui_high=16,
-             why="an n-gram chain of k = 2 is " + FASTEST, emit="always"),
-    _setting("width", int, 2, "tree: children per expanded node", "tree width", low=1, high=16, ui_high=8,
+             why="a chain of k = 2 is the fastest chain of the default drafter on the reference 2-core CPU "
+                 "(BENCHMARKS.md)", emit="always"),
+    _setting("width", int, 3, "tree: children per expanded node", "tree width", low=1, high=16, ui_high=8,
              ui_row="tree", emit="always"),
     _setting("depth", int, 2, "tree: maximum depth", "tree depth", low=1, high=32, ui_high=12, ui_row="tree",
              emit="always"),
-    _setting("max_nodes", int, 2, "tree: maximum number of drafted nodes", "tree node budget",
+    _setting("max_nodes", int, 4, "tree: maximum number of drafted nodes", "tree node budget",
              flags=("--max-nodes", "--budget"), low=1, high=256, ui_high=128,
-             why="a 2-node tree (width 2, depth 2) is the fastest tree measured on the reference 2-core CPU "
-                 "(BENCHMARKS.md)", ui_id="max-nodes", emit="always"),
+             why="a 4-node tree (width 3, depth 2) is " + FASTEST, ui_id="max-nodes", emit="always"),
     # ---- sampling and length ---------------------------------------------------------------------------------
     _setting("temperature", float, 0.0, "sampling temperature (0 = greedy)", "temperature (0 = greedy)", low=0.0,
              high=10.0, ui_high=2.0, ui_step=0.05, ui_row="sampling", emit="always"),
@@ -376,8 +378,12 @@ def add_options(parser: argparse.ArgumentParser, declared: Iterable[Setting] = S
 
 
 def from_args(args: argparse.Namespace, **overrides) -> Values:
-    """The run settings of a parsed command line, checked (``overrides`` replace parsed values)."""
+    """The run settings of a parsed command line, checked (``overrides`` replace parsed values). A chain length
+    typed without ``--tree`` or ``--chain`` asks for a chain: ``--k 4`` alone never drafts the default tree."""
     values = {s.name: getattr(args, s.name) for s in SETTINGS if hasattr(args, s.name)}
+    typed = given(args)
+    if "k" in typed and "tree" not in typed and "tree" in values:
+        values["tree"] = False
     return validate({**values, **overrides})
 
 
@@ -395,7 +401,7 @@ def command_args(values: Mapping[str, Any], declared: Iterable[Setting] = SETTIN
         else:
             changed = value != setting.default
         if setting.type is bool:
-            if changed:
+            if changed or setting.emit == "always":
                 parts.append(setting.flags[0] if value else setting.off_flags[0])
             continue
         if value is None or not (changed or setting.emit == "always"):

@@ -47,7 +47,7 @@ def test_generate_json_with_baseline(capsys, model_dirs, tmp_path, shape, drafte
 def test_sampled_generation_is_reproducible(capsys, model_dirs):
     argv = ["generate", "--no-chat", "--target", model_dirs / "target", "--drafter", f"model:{model_dirs / 'draft'}",
             "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--prompt", "w1 w2", "--max-new-tokens", 20,
-            "--json"]
+            "--chain", "--json"]
     first = json.loads(run_cli(capsys, *argv)[1])
     second = json.loads(run_cli(capsys, *argv)[1])
     assert first["token_ids"] == second["token_ids"] and first["rule"] == "rejection-sampling"

@@ -68,8 +68,8 @@ def test_one_set_of_defaults():
 
     defaults = settings.defaults()
     assert defaults["target"] == DEFAULT_TARGET
-    assert (defaults["k"], defaults["width"], defaults["depth"], defaults["max_nodes"]) == (2, 2, 2, 2)
-    assert defaults["max_new_tokens"] == 128 and defaults["chat"] is True and defaults["tree"] is False
+    assert (defaults["k"], defaults["width"], defaults["depth"], defaults["max_nodes"]) == (2, 3, 2, 4)
+    assert defaults["max_new_tokens"] == 128 and defaults["chat"] is True and defaults["tree"] is True
     request = runner.RunRequest(prompt="x")
     assert {name: getattr(request, name) for name in defaults} == defaults and request.drafter == "ngram"
     budget = api.budget_for(settings.validate())
@@ -99,6 +99,31 @@ def test_old_command_lines_keep_working():
     assert args.draft_quant_list == ["off", "int8"] and args.values["max_nodes"] == 8
     assert bench_args("--tree", "--drafters", "ngram").shape_list == ["tree"]
 
+
+def generate_values(*argv: str) -> settings.Values:
+    return settings.from_args(parse("generate", *argv, "--prompt", "x"))
+
+
+def test_the_default_shape_is_a_small_tree_and_a_typed_k_asks_for_a_chain():
+    def shape(*argv: str) -> tuple[bool, int]:
+        values = generate_values(*argv)
+        return values["tree"], values["k"]
+
+    assert shape() == (True, 2)  # the declared default: the 4-node tree
+    assert shape("--k", "4") == (False, 4)  # a chain length alone never drafts the default tree
+    assert shape("--chain") == (False, 2) and shape("--chain", "--k", "3") == (False, 3)
+    assert shape("--tree", "--k", "4") == (True, 4) and shape("--k", "4", "--tree") == (True, 4)
+    assert shape("--width", "4") == (True, 2)  # a tree size keeps the tree
+    # the reproducible command line names the shape, so a typed k cannot turn a tree into a chain on the way back
+    for argv in ((), ("--chain",), ("--k", "5"), ("--tree", "--k", "5")):
+        values = generate_values(*argv)
+        words = settings.command_args(values)
+        assert ("--tree" in words) == values["tree"] and ("--chain" in words) == (not values["tree"])
+        assert generate_values(*words) == values
+    # bench: both shapes unless one is typed
+    assert bench_args("--drafters", "ngram").shape_list == ["chain", "tree"]
+    assert bench_args("--drafters", "ngram", "--k", "1,2").shape_list == ["chain", "tree"]
+    assert bench_args("--drafters", "ngram", "--chain").shape_list == ["chain"]
 
 def test_target_forward_is_a_setting_of_generate_and_bench():
     assert settings.from_args(parse("generate", "--target-forward", "hf", "--prompt", "x"))["target_forward"] == "hf"

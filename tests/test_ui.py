@@ -288,7 +288,7 @@ def test_compare_sides_pick_their_own_drafters():
 def test_mtp_run_is_labelled_by_module_and_says_it_was_trained_post_hoc(tiny_targets, mtp_medusa):
     from specviz.viz import charts, panels
 
-    record = run_record(Session(), request(drafter=mtp_medusa[0], k=4, max_new_tokens=12))
+    record = run_record(Session(), request(drafter=mtp_medusa[0], tree=False, k=4, max_new_tokens=12))
     assert record.finished and record.rounds
     assert all(r.meta["module"] == [0, 1, 0, 1][: len(r.tokens)] for r in record.rounds)
     line = panels.run_label(record)

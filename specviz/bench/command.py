@@ -32,7 +32,8 @@ OPTIONS: tuple[Setting, ...] = (
     Setting("drafters", str, None, f"comma list of {', '.join(f.syntax for f in registry.families())} (default: "
             "each family's ready drafters for the target: ngram plus every shipped draft model)", "drafters",
             flags=("--drafters",), optional=True, emit="always", ui=None),
-    Setting("shapes", str, None, "chain, tree or chain,tree (default: both; --tree: tree only)", "shapes",
+    Setting("shapes", str, None, "chain, tree or chain,tree (default: both; --tree: tree only, --chain: chain only)",
+            "shapes",
             flags=("--shapes",), optional=True, emit="always", ui=None),
     Setting("prompts", str, str(DEFAULT_PROMPTS), "Spec-Bench question.jsonl-style file", "prompts",
             flags=("--prompts",), emit="always", ui=None),
@@ -73,9 +74,10 @@ def _resolve(args: argparse.Namespace) -> None:
         args.limit_per_category = QUICK["limit_per_category"]
     args.draft_quant_list = settings.split("draft_quant", args.draft_quant)
     args.k_list = settings.split("k", str(args.k))  # chain rows per k: a verify-length sweep in one suite
-    args.values = settings.from_args(args, draft_quant=args.draft_quant_list[0], k=args.k_list[0])
-    args.shape_list = configs.parse_shapes(args.shapes) if args.shapes else (["tree"] if args.tree else
-                                                                             ["chain", "tree"])
+    typed_shape = ["tree" if args.tree else "chain"] if "tree" in settings.given(args) else ["chain", "tree"]
+    args.shape_list = configs.parse_shapes(args.shapes) if args.shapes else typed_shape
+    args.values = settings.from_args(args, draft_quant=args.draft_quant_list[0], k=args.k_list[0],
+                                     tree="tree" in args.shape_list)  # the shapes decide; --shapes says them
     args.drafter_list = registry.parse_list(args.drafters) if args.drafters is not None else \
         registry.default_specs(args.values["target"])
 
@@ -96,6 +98,7 @@ def _command(args: argparse.Namespace) -> str:
     """The equivalent command line with every effective setting (what BENCHMARKS.md quotes), generated from the
     declarations: the run settings' and the benchmark's own."""
     run_values = {**args.values, "draft_quant": args.draft_quant_list, "k": args.k_list}
+    run_values.pop("tree")  # --shapes (always written) says which shapes ran
     own = {**{o.name: getattr(args, o.name) for o in OPTIONS}, "drafters": ",".join(args.drafter_list),
            "shapes": ",".join(args.shape_list)}
     return settings.command_line(["python", "-m", "specviz", "bench", *settings.command_args(run_values),

@@ -25,7 +25,9 @@ class DraftBudget:
     forwards and verify width on tokens that will mostly be rejected. Drafters without probabilities ignore it.
     """
 
-    tree: bool = _SETTINGS["tree"].default  # the defaults are the run settings' (declared once, in settings.py)
+    # A chain unless asked (``DraftBudget(k=3)`` is a chain of 3); the sizes default to the run settings' (declared
+    # once, in settings.py), whose default shape, a small tree, is what ``api.budget_for`` passes for a run.
+    tree: bool = False
     k: int = _SETTINGS["k"].default
     width: int = _SETTINGS["width"].default
     depth: int = _SETTINGS["depth"].default

@@ -2,7 +2,7 @@
 
 ``python -m specviz.ui.examples record`` re-records ``examples/traces/`` with the real default target and every
 drafter this project ships for it, as a chain and as a tree (same runner as the UI, so the traces carry the
-calibration baseline too).
+calibration baseline too), and the default drafter at the default settings, which the Playground opens on.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
+from specviz import settings
 from specviz.engine import trace
 from specviz.viz.record import RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "examples" / "prompts.jsonl"
 TRACES = ROOT / "examples" / "traces"
-DEFAULT_TRACE = "summarization-ngram-chain.jsonl"
+DEFAULT_TRACE = "summarization-hybrid-default.jsonl"  # the default drafter and settings
 
 
 @lru_cache(maxsize=1)
@@ -81,17 +82,21 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
     from specviz.ui.state import apply
 
     by_category = {row["category"]: row for row in prompts()}
-    drafters = drafters or registry.default_specs("smollm2-135m")
+    target = settings.default("target")
+    drafters = drafters or registry.default_specs(target)
     written = []
+    larger = {"k": 4, "width": 3, "depth": 4, "max_nodes": 16}  # more to see than the default's 4 nodes
     for category in categories:
         row = by_category[category]
         for drafter in drafters:
-            shapes = [("chain", {}), ("tree", {"tree": True})]
+            shapes = [("chain", {**larger, "tree": False}), ("tree", {**larger, "tree": True})]
             if "stochastic_tree" in registry.parse(drafter)[0].reads:  # it has q: show rejection sampling too
-                shapes.append(("tree-sampled", {"tree": True, "temperature": 0.7, "stochastic_tree": True}))
+                shapes.append(("tree-sampled", {**larger, "tree": True, "temperature": 0.7, "stochastic_tree": True}))
+            if drafter == registry.default_for(target):  # what the Playground runs when nothing is changed
+                shapes.append(("default", {}))
             for shape, extra in shapes:
                 request = runner.RunRequest(prompt=row["turns"][0], chat=True, drafter=drafter,
-                                            max_new_tokens=max_new_tokens, k=4, width=3, depth=4, max_nodes=16)
+                                            max_new_tokens=max_new_tokens)
                 request = replace(request, **extra).validate()
                 rec = RunRecord(header={})
                 for event in runner.stream(request):
