@@ -379,3 +379,13 @@ def test_zero_gpu_errors_of_a_run_that_had_its_gpu_are_not_retried(tiny_targets)
     assert ran_on_cpu == []
     assert zerogpu.no_gpu_granted(gr.Error("x", title="ZeroGPU queue timeout"))
     assert not zerogpu.no_gpu_granted(RuntimeError("ZeroGPU quota exceeded"))
+
+
+def test_the_page_opens_on_the_default_drafter_at_the_default_settings():
+    from specviz import settings
+    from specviz.drafters import registry
+    from specviz.ui import examples
+
+    record = examples.load_trace(examples.DEFAULT_TRACE)  # app.py would fall back silently were it missing
+    assert record.rounds and record.header["drafter"]["name"] == registry.default_for(settings.default("target"))
+    assert record.header["budget"] == api.budget_for(settings.validate()).to_dict()
