@@ -73,6 +73,22 @@ def test_rejection_sampling_untested_sibling_is_never_reached():
     assert node_outcomes(r) == [Outcome.ACCEPTED, Outcome.UNREACHED]
 
 
+def test_the_showcase_round_has_a_draft_the_rule_turned_down():
+    """A sampled tree whose walk took the first child at every level has no rejected node (its other nodes were never
+    tested), so the debugger would open on its bonus token: the showcase prefers a round with a real rejection."""
+    whole_path = [{"parent": -1, "node": 0, "accepted": True, "u": 0.1, "ratio": 0.9},
+                  {"parent": 0, "node": 2, "accepted": True, "u": 0.2, "ratio": 0.8}]
+    untested = make_round([-1, -1, 0, 0], [0, 2], index=0, rule="rejection-sampling", q=[0.5, 0.4, 0.5, 0.3],
+                          draws=whole_path, extra_kind="bonus")
+    turned_down = [{"parent": -1, "node": 0, "accepted": True, "u": 0.1, "ratio": 0.9},
+                   {"parent": 0, "node": 2, "accepted": False, "u": 0.9, "ratio": 0.2}]
+    rejected = make_round([-1, -1, 0, 0], [0], index=1, start=3, rule="rejection-sampling", q=[0.5, 0.4, 0.5, 0.3],
+                          draws=turned_down)
+    assert Outcome.REJECTED not in node_outcomes(untested)
+    assert record_of([untested, rejected]).showcase_index() == 1
+    assert debugger.default_node(rejected) == "2"
+
+
 # ---- tree figure ---------------------------------------------------------------------------------------------
 def _trace_named(fig, name):
     return next(t for t in fig.data if t.name == name)

@@ -13,6 +13,7 @@ from itertools import accumulate
 from specviz.engine import metrics, trace
 from specviz.engine.metrics import Metrics
 from specviz.engine.round import Round
+from specviz.viz.outcome import Outcome, node_outcomes
 
 
 @dataclass
@@ -136,9 +137,11 @@ class RunRecord:
         return float((self.header.get("config") or {}).get("temperature", 0.0)) < 1e-5
 
     def showcase_index(self) -> int:
-        """The most instructive round to open on: both accepted and rejected drafts, then the biggest tree."""
+        """The most instructive round to open on: accepted drafts and a draft the accept rule actually turned down (not
+        merely one it never reached: under rejection sampling, siblings after an accepted one are never tested), then
+        the longest accepted path, then the biggest tree."""
         def score(r: Round) -> tuple:
-            rejected = len(r.tokens) > len(r.accepted)
+            rejected = Outcome.REJECTED in node_outcomes(r)
             return (bool(r.accepted) and rejected, len(r.accepted), len(r.tokens), -r.index)
 
         return max(self.rounds, key=score).index if self.rounds else 0

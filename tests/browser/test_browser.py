@@ -156,6 +156,9 @@ class Page:
         return self.page.locator(f"#{elem_id} .scatterlayer .point").count()
 
     def shot(self, name: str, docs: bool = False) -> None:
+        """Screenshot to test-artifacts/browser/ (and, for the docs' ones, without toasts left by earlier steps)."""
+        if docs:
+            self.clear_toasts()
         path = ARTIFACTS / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         if docs and os.environ.get("SPECVIZ_UPDATE_DOCS"):
