@@ -81,6 +81,21 @@ def test_confidence_spec_draws_block_cut_cost_and_calibration():
     assert "&amp;lt;" not in dumped  # and only once
 
 
+def test_a_block_capped_by_the_run_says_what_the_schedule_weighed():
+    """DSpark drafts only as far as the run's chain length (or tree depth): with k = 2 against a block of 7, the
+    schedule could only weigh 2 drafts, and the panel says how to let it weigh the block."""
+    def note(cap):
+        round_ = dspark_round()
+        round_.meta["block"] = {"size": 8, "drafts": 7, "tokens": [10, 11, 12, 13], "q": [0.9, 0.5, 0.3, 0.2]}
+        if cap is not None:
+            round_.meta["schedule"]["cap"] = cap
+        return " ".join(a["text"] for a in confidence_spec([round_], 0)["layout"]["annotations"])
+
+    assert "capped ℓ at 2 of the block's 7 drafts" in note(2) and "a chain of k = 7" in note(2)
+    assert "capped" not in note(7)  # the whole block: the scan drafting 4 and stopping is the schedule's own choice
+    assert "capped" not in note(None)  # a trace from before the cap was recorded
+
+
 def test_confidence_spec_without_confidence_or_on_trees_says_so():
     texts = lambda spec: [a["text"] for a in spec["layout"]["annotations"]]  # noqa: E731
     assert "this drafter sets no confidence" in texts(confidence_spec([make_round([-1], [0])]))
@@ -147,7 +162,7 @@ def test_reliability_diagram_draws_both_calibrations_with_their_ece():
     used = calibration(rounds)
     assert own.samples == 3 and used.samples == 3 and own.ece != used.ece
     title = next(a["text"] for a in spec["layout"]["annotations"] if a["text"].startswith("Run calibration"))
-    assert f"ECE {used.ece:.3f} recalibrated, {own.ece:.3f} the head's own" in title
+    assert f"ECE {used.ece:.3f} recalibrated,<br>{own.ece:.3f} the head's own" in title
 
 
 def test_the_shipped_greedy_curve_is_drawn_where_the_run_started_from_it():

@@ -297,6 +297,7 @@ def test_tree_and_chain_records(setup):
         # the early stop changes nothing: the same drafts and the choice the whole block's survival gives
         expected = cost_curve.best_prefix(whole["survival"], STEEP, cap)
         assert meta["schedule"]["length"] == expected.length == len(chain)
+        assert meta["schedule"]["cap"] == cap  # what the views say the run's budget allowed
         assert meta["block"]["tokens"] == whole["block"]["tokens"][: len(heads)]
         assert len(heads) == (cap if len(chain) == cap else len(chain) + 1)
         cut_short += len(heads) < cap

@@ -595,7 +595,7 @@ class DSparkDrafter(BlockDrafter):
                 "pruned": cost_curve.cut_tail(tokens, q_token, survival, length),
                 "confidence_head": None if heads is None else [round(c, 6) for c in heads],
                 "verify_length": length, "schedule": None if plan is None else
-                {**plan.to_dict(), "curve": self.cost_curve.source}}
+                {**plan.to_dict(), "curve": self.cost_curve.source, "cap": cap}}
         return DraftTree.chain(tokens[:length], q_token=q_token[:length], q_dist=q_dist,
                                sampled=not sampling.greedy, confidence=survival[:length], meta=meta)
 
@@ -678,7 +678,8 @@ FEATURES = ("`hidden_states[id + 1]` for DFlash's `build_target_layer_ids(L, 5)`
             "`[9]`, `[15]`, `[21]`, `[28]`)")
 DESCRIPTIONS = {
     "dflash": "drafts a whole block in one forward from five target layers injected into its KV cache (z-lab "
-              "DFlash); --tree grows DDTree from the block's marginals; bare name: the drafter shipped for the target",
+              "DFlash), grown into DDTree from the block's marginals (or the block's argmax chain with --chain); "
+              "bare name: the drafter shipped for the target",
     "dspark": "DFlash's block plus a Markov head (left-to-right correction) and a confidence head whose prefix "
               "survival chooses how many drafts to verify on this machine's verify-cost curve (DSpark), the "
               "confidences recalibrated online to the run's verification (a greedy run starts from the checkpoint's "

@@ -536,10 +536,10 @@ FAMILIES = {kind: register(DrafterFamily(
     name=kind,
     syntax=f"{kind}[:<dir|hub id>]",
     title=TITLES[kind],
-    description=("a one-layer head drafting from the target's last hidden state (EAGLE-1; EAGLE-2's dynamic tree "
-                 "with --tree)" if kind == "eagle" else
+    description=("a one-layer head drafting from the target's last hidden state (EAGLE-1; EAGLE-2's dynamic tree, "
+                 "or a chain with --chain)" if kind == "eagle" else
                  "a one-layer head drafting from three target layers, low/mid/high (EAGLE-3; EAGLE-2's dynamic "
-                 "tree with --tree)") + "; bare name: the head shipped for the target",
+                 "tree, or a chain with --chain)") + "; bare name: the head shipped for the target",
     build=_builder(kind),
     reads=("stochastic_tree", "min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers, kind=kind: layouts.default_feature_layers(kind, num_layers),

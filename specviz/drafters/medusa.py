@@ -450,9 +450,9 @@ FAMILY = register(DrafterFamily(
     syntax="medusa[:<dir|hub id>]",
     title=TITLE,
     description=("Medusa heads on the target's last hidden state, head i predicting the token i + 2 after it: the "
-                 "top-1 chain, or with --tree the static tree of the heads' choices list (depth d = head d - 1 "
-                 "in 0-based numbering); loads FasterDecoding and vLLM checkpoints; bare name: the heads shipped "
-                 "for the target"),
+                 "static tree of the heads' choices list cut to the node budget (depth d = head d - 1 in 0-based "
+                 "numbering), or the top-1 chain with --chain; loads FasterDecoding and vLLM checkpoints; bare "
+                 "name: the heads shipped for the target"),
     build=_build,
     reads=("min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),

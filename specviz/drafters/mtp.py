@@ -560,7 +560,7 @@ FAMILY = register(DrafterFamily(
     syntax="mtp[:<dir|hub id>]",
     title=TITLE,
     description=("DeepSeek-V3-style multi-token prediction modules on the target's last hidden state, draft step d "
-                 "by module (d-1) mod n (a chain, or EAGLE-2's dynamic tree with --tree); loads DeepSeek-V3/GLM-4.5, "
+                 "by module (d-1) mod n (EAGLE-2's dynamic tree, or a chain with --chain); loads DeepSeek-V3/GLM-4.5, "
                  "Qwen3-Next and MiMo MTP layers, or the target checkpoint's own; bare name: the target's own MTP "
                  "layers, else the modules shipped for it. Ours are trained post hoc on a frozen target, unlike "
                  "real MTP layers, which are trained jointly with their model"),

@@ -65,12 +65,18 @@ def engine_rows_from_bench(results: dict, drafter: str) -> dict:
             "rows": rows}
 
 
+#: Above a card's engine tables: the runs measured the folder before it shipped, often by a local path.
+ENGINE_NOTE = ("These tables are the figures measured before export: a command may name the run's local copy (a "
+               "path under the git-ignored `work/`, or another local folder) where the shipped name (`--drafters "
+               "<name>`) selects this folder now. BENCHMARKS.md has the current figures.")
+
+
 def _engine_section(runs: list[dict] | None) -> str:
     """One table per bench run (a run's speedups are relative to its own plain runs, so runs are not merged)."""
     if not runs:
         return ("Not measured with the engine yet: run `python -m specviz bench` (greedy, 128 new tokens) and "
                 "re-export with `python -m specviz.training.export --bench <results.json>`.")
-    blocks = []
+    blocks = [ENGINE_NOTE]
     for run in runs:
         lines = [f"Measured with the specviz engine ({run.get('machine', 'this machine')}): "
                  f"{run.get('description', '')}", "", "| setting | τ | speedup vs plain (median) |",
@@ -136,8 +142,8 @@ def _eagle_about(summary: dict, cfg: dict, size_mib: float) -> tuple[str, str]:
              f"as the target, trained by specviz's `{summary['kind']}` trainer. It drafts from the target's own "
              f"hidden states, {named} in Hugging Face's numbering (`hidden_states[i]` is the output of decoder layer "
              f"i - 1; `[0]` is the embedding), captured by hooks on the target forwards that verification already "
-             f"runs. `--drafter {summary['kind']}` selects it for {summary['target']}; `--tree` drafts EAGLE-2's "
-             f"dynamic tree.")
+             f"runs. `--drafter {summary['kind']}` selects it for {summary['target']}; it drafts EAGLE-2's "
+             f"dynamic tree (the default shape), or a chain with `--chain`.")
     vocab = (f"a reduced draft vocabulary of {cfg['draft_vocab_size']} ids (the most frequent tokens of the "
              f"training answers and of the target's argmaxes there; `d2t` maps them to target ids, and other tokens "
              f"get draft probability 0, so verification stays lossless)"
@@ -161,14 +167,16 @@ _FAMILY_ABOUT = {
                "It drafts a block of {drafts} tokens in one forward: the block [last verified token, mask × {drafts}] "
                "(mask = token id {mask_token_id}, which SmolLM2 never produces) attends non-causally within itself "
                "and to the target's features of every committed position, projected by `fc` and `hidden_norm` and "
-               "injected into the keys and values of each draft layer. `--drafter dflash` drafts the block as a "
-               "chain; `--tree` drafts DDTree (best-first over the block's per-position top-k by product of "
-               "marginals)."),
+               "injected into the keys and values of each draft layer. `--drafter dflash` drafts DDTree (best-first "
+               "over the block's per-position top-k by product of marginals, to the node budget); `--chain --k "
+               "{drafts}` drafts the whole block as a chain."),
     "dspark": ("A DSpark block drafter", "The DFlash backbone drafts {drafts} tokens in one forward (mask token id "
                "{mask_token_id}); a Markov head of rank {markov_rank} adds W2·W1[x(k−1)] to each draft's logits, "
                "left to right within the block; a confidence head predicts each draft's acceptance. Each round "
                "verifies only the prefix length that maximises (1 + Σ survival) ÷ cost(1 + ℓ) on this machine's "
-               "measured verify-cost curve (`--drafter dspark`); `dspark:fixed` verifies the whole block."),
+               "measured verify-cost curve (`--drafter dspark`); `dspark:fixed` verifies every draft. Both are cut "
+               "to the run's chain length (`--chain --k {drafts}` for the whole block) or, under the default tree "
+               "shape, its depth."),
     "mtp": ("MTP modules", "DeepSeek-V3-style multi-token-prediction modules, {num_modules} of them: module k computes "
             "h' = Block(eh_proj([enorm(emb(x)) ; hnorm(h)])) and logits = head(norm(h')); draft step d uses module "
             "(d − 1) mod {num_modules}. **Trained post hoc** on the frozen target, not jointly with it as "
@@ -176,7 +184,8 @@ _FAMILY_ABOUT = {
     "medusa": ("Medusa-1 heads", "{num_heads} heads on the target's last hidden state, each a residual block "
                "x + SiLU(Linear(x)) then the target's own output layer; head i predicts token t + 2 + i. "
                "`--drafter medusa` drafts the static tree stored in `config.json` (`medusa_choices`, derived from "
-               "the heads' measured top-k accuracy); `--shape chain` drafts the heads' argmaxes."),
+               "the heads' measured top-k accuracy), cut to the run's budget (ranks below its width, depths up to its "
+               "depth, then its first max-nodes choices); `--chain` drafts the heads' argmaxes."),
 }
 #: each family's loss, after the shared data bullets
 _FAMILY_LOSS = {

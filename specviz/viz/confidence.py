@@ -79,6 +79,19 @@ def block_positions(round_: Round) -> list[dict]:
     return rows
 
 
+def schedule_cap_note(round_: Round) -> str:
+    """Where the run's budget (a chain of k, or a tree's depth) capped the schedule below the block's drafts, the
+    schedule could not weigh the rest: say so, and what lets it weigh the whole block."""
+    meta = _meta(round_)
+    block, schedule = meta.get("block"), meta.get("schedule")
+    drafts = block.get("drafts") if isinstance(block, dict) else None
+    cap = schedule.get("cap") if isinstance(schedule, dict) else None
+    if not isinstance(drafts, int) or not isinstance(cap, int) or not 0 < cap < drafts:
+        return ""
+    return (f"the run's chain length (or tree depth) capped ℓ at {cap} of the block's {drafts} drafts;<br>"
+            f"a chain of k = {drafts} lets the schedule weigh them all")
+
+
 def greedy_curve_points(curve) -> list[tuple[float, float]]:
     """The (raw ĉ, expected acceptance) points of a drafter's shipped greedy curve (``describe()["greedy_curve"]``
     in a trace header), read defensively: anything malformed gives none."""
@@ -111,6 +124,9 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
             shapes.append(dict(type="line", xref="x", yref="paper", x0=cut, x1=cut, y0=0, y1=1,
                                line=dict(color="#333333", dash="dash", width=1)))
             notes.append((f"verify ℓ = {schedule['length']}", cut, 1.04, "x"))
+            capped = schedule_cap_note(round_)
+            if capped:
+                block_title += f"<br><span style='font-size:10px;color:#777777'>{capped}</span>"
     result, own = calibration(rounds), calibration(rounds, head=True)
     recalibrated = bool(own.samples) and any(isinstance(_meta(r).get("calibrated"), list) for r in rounds)
     data += _calibration_traces(result, "realised per bin (recalibrated ĉ)" if recalibrated else "realised per bin")
@@ -123,16 +139,19 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
                          yaxis="y3", line=dict(color=SURVIVAL_COLOR, dash="dash", width=1.5),
                          hovertemplate="head's ĉ %{x:.2f} → %{y:.2f} expected<extra>shipped curve</extra>"))
     calibration_title = ("Run calibration: no drafts with a confidence yet" if not result.samples else
-                         f"Run calibration: ECE {result.ece:.3f} recalibrated, {own.ece:.3f} the head's own; "
+                         f"Run calibration: ECE {result.ece:.3f} recalibrated,<br>{own.ece:.3f} the head's own; "
                          f"{result.samples} drafts" if recalibrated else
                          f"Run calibration: ECE {result.ece:.3f}, {result.samples} drafts")
     annotations = [dict(text=t, x=x, y=y, xref=xref, yref="paper", showarrow=False, xanchor="center",
                         font=dict(size=11, color="#555555")) for t, x, y, xref in notes]
-    annotations += [dict(text=t, x=x, y=1.1, xref="paper", yref="paper", showarrow=False, xanchor="left",
+    annotations += [dict(text=t, x=x, y=1.07, xref="paper", yref="paper", showarrow=False, xanchor="left",
+                         yanchor="bottom", align="left",
                          font=dict(size=12, color="#333333"))
                     for t, x in ((block_title, 0), (calibration_title, 0.62))]
+    title_lines = 1 + max(block_title.count("<br>"), calibration_title.count("<br>"))
     layout = dict(
-        height=330, margin=dict(l=50, r=50, t=50, b=40), font=FONT, plot_bgcolor="#ffffff",
+        height=400 + 16 * title_lines, margin=dict(l=50, r=50, t=40 + 16 * title_lines, b=40), font=FONT,
+        plot_bgcolor="#ffffff",
         paper_bgcolor="#ffffff", barmode="overlay",
         legend=dict(orientation="h", x=0, y=-0.2, font=dict(size=10)),
         xaxis=_axis([0, 0.5], "y", "draft position k", dtick=1),

@@ -220,6 +220,8 @@ def test_dspark_run_draws_its_block_and_calibration(page):
     and the run's reliability diagram with its ECE."""
     page.fill("drafter", "dspark")
     page.fill("max-new-tokens", "24")
+    page.choose("shape", "chain")
+    page.fill("k", "7")  # the whole block, for the schedule to weigh (the default shape caps it at depth 2)
     try:
         page.page.click("#run")
         page.page.wait_for_function(  # the previous test's run ended "Done" too: wait for this one to start
@@ -236,9 +238,11 @@ def test_dspark_run_draws_its_block_and_calibration(page):
         page.page.locator("#confidence").screenshot(path=str(shot))
         if os.environ.get("SPECVIZ_UPDATE_DOCS"):
             _save_small(shot, DOCS / "confidence.png")
-    finally:  # the next tests expect the default drafter and length
+    finally:  # the next tests expect the default drafter, length and shape
         page.fill("drafter", "ngram")
         page.fill("max-new-tokens", "40")
+        page.fill("k", "2")
+        page.choose("shape", "tree")
 
 
 def test_full_plain_run_side_by_side(page):
