@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
+from specviz.errors import SpecvizError
 
 __all__ = [
     "DRAFTER_KINDS",
@@ -103,8 +105,26 @@ def start(
     config or ``chat`` (for a text prompt) takes the declared defaults (``specviz.settings``)."""
     defaults = settings.validate()
     chat = defaults["chat"] if chat is None else chat
-    prompt_ids = prompt if isinstance(prompt, list) else target.encode_prompt(prompt, chat=chat)
+    prompt_ids = _checked_ids(prompt, target.vocab_size) if isinstance(prompt, list) else \
+        target.encode_prompt(prompt, chat=chat)
     return Generation(target, prompt_ids, config or config_for(defaults), drafter, budget or budget_for(defaults))
+
+
+def _checked_ids(ids: list, vocab_size: int) -> list[int]:
+    """Prompt token ids given directly: whole numbers in the target's vocabulary, else one line saying which."""
+    if not ids:
+        raise SpecvizError("the prompt has no token ids")
+    checked = []
+    for position, token in enumerate(ids):
+        try:
+            value = None if isinstance(token, bool) else operator.index(token)  # ints, numpy ints; not 1.5 or "a"
+        except TypeError:
+            value = None
+        if value is None or not 0 <= value < vocab_size:
+            raise SpecvizError(f"prompt token {position} is {token!r}: token ids are whole numbers in "
+                               f"[0, {vocab_size}) for this target")
+        checked.append(value)
+    return checked
 
 
 def header_for(run: Generation, prompt_text: str | None = None, chat: bool = False) -> dict:

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from specviz import api, settings
+from specviz import api, outputs, settings
 from specviz.drafters import registry
 from specviz.errors import SpecvizError
 
@@ -42,11 +42,13 @@ def _generate_parser(sub) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     values = settings.from_args(args)  # every setting checked before anything loads
-    drafter_spec = args.drafter or registry.default_for(values["target"])
-    registry.parse(drafter_spec)
+    drafter_spec = args.drafter if args.drafter is not None else registry.default_for(values["target"])
+    registry.parse(drafter_spec, where=" (--drafter)")
     budget, config = api.budget_for(values), api.config_for(values)
     if not args.prompt.strip():
         raise SpecvizError("the prompt is empty")
+    if args.trace is not None:  # a bad path fails now, not after the generation
+        outputs.output_file(args.trace, "--trace")
     kwargs = {"device": values["device"]} if values["device"] else {}
     target = api.load_target(values["target"], target_forward=values["target_forward"], **kwargs)
     drafter = api.make_drafter(drafter_spec, target, values)

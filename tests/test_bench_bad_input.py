@@ -46,7 +46,7 @@ def test_missing_prompts_file(capsys, tmp_path):
 
 @pytest.mark.parametrize("drafters, fragment", [
     ("ngram,nosuch", "unknown drafter 'nosuch'"),
-    ("model:", "unknown drafter 'model:'"),
+    ("model:", "drafter 'model:' in --drafters ends in an empty part"),
     ("ngram:x", "maximum n-gram size"),
     ("ngram,,model:a", "empty entry"),
     ("", "--drafters is empty"),
@@ -57,6 +57,19 @@ def test_bad_drafter_list(capsys, tmp_path, drafters, fragment):
     code = cli.main(["bench", "--target", MISSING_TARGET, "--drafters", drafters, "--prompts", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and err.count("\n") == 1, err
+
+
+def test_an_unwritable_out_fails_before_the_suite(capsys, tmp_path):
+    """Checked before the target loads (it does not exist here), so a bad --out never costs a finished run."""
+    path = write(tmp_path / "p.jsonl", [GOOD])
+    a_file = write(tmp_path / "a-file", [GOOD])
+    for out, says in ((a_file, "is a file, not a folder"), (a_file / "below", "cannot create that folder")):
+        code = cli.main(["bench", "--target", MISSING_TARGET, "--drafters", "ngram", "--prompts", str(path),
+                         "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and says in err and err.count("\n") == 1, err
+    code = cli.main(["bench", "--target", MISSING_TARGET, "--drafters", "ngram", "--prompts", str(tmp_path)])
+    assert code == 2 and "is a folder, not a file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, fragment", [

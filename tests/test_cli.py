@@ -72,6 +72,23 @@ def test_user_errors_are_one_line_with_exit_2(capsys, argv, fragment):
     assert "Traceback" not in err
 
 
+def test_bad_outputs_and_inputs_fail_before_the_model_loads(capsys, tmp_path):
+    """Nothing loads (the target does not exist): each line names the bad input, not the missing model."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for argv, says in ((["--trace", str(a_file / "t.jsonl")], "--trace"), (["--trace", str(tmp_path)], "is a folder"),
+                       (["--trace", ""], "--trace is empty"), (["--drafter", ""], "no drafter given"),
+                       (["--drafter", "eagle3:"], "ends in an empty part")):
+        code, _, err = run_cli(capsys, "generate", "--target", tmp_path / "no-model", "--prompt", "hi", *argv)
+        assert code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(capsys, model_dirs):
+    bad = b"abc\xff\xfe(def".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
+    code, _, err = run_cli(capsys, "generate", "--no-chat", "--target", model_dirs / "target", "--prompt", bad)
+    assert code == 2 and "not valid UTF-8" in err and "Traceback" not in err
+
+
 def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
     code, _, err = run_cli(capsys, "generate", "--target", model_dirs / "target", "--drafter", "magic",
                            "--prompt", "w1")

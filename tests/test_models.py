@@ -110,6 +110,37 @@ def test_garbage_safetensors_is_corrupt(tiny_dir):
     assert "corrupt" in one_line(error)
 
 
+def _edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"num_hidden_layers": 0}, "tensors config.json has no place for"),  # weights silently dropped before
+    ({"num_hidden_layers": 9}, "lacks"),  # layers transformers would have initialised at random
+    ({"intermediate_size": 7}, "do not match config.json"),
+    ({"hidden_size": 5}, "cannot read the config"),  # transformers' own check: heads must divide it
+])
+def test_a_config_that_does_not_describe_its_weights_is_refused(tiny_dir, changes, says):
+    _edit_config(tiny_dir, **changes)
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(tiny_dir))
+    assert says in one_line(error)
+
+
+def test_a_tied_checkpoint_may_hold_either_copy_of_the_embedding(tiny_dir):
+    from safetensors.torch import load_file, save_file
+
+    _edit_config(tiny_dir, tie_word_embeddings=True)
+    tensors = load_file(str(tiny_dir / "model.safetensors"))
+    embedding = tensors.pop("model.embed_tokens.weight").clone()
+    tensors["lm_head.weight"] = embedding  # saved under the output layer's name only
+    save_file(tensors, str(tiny_dir / "model.safetensors"))
+    loaded = load_model(str(tiny_dir)).model
+    assert torch.equal(loaded.get_input_embeddings().weight, embedding)
+
+
 def _write_gguf(path: Path, architecture: str) -> Path:
     from gguf import GGUFWriter
 

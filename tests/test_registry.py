@@ -103,13 +103,28 @@ def test_make_drafter_builds_both_families(target, draft_dir):
     assert "draft-vocab must be" in one_line(error)
 
 
-@pytest.mark.parametrize("spec", ["", "hydra", "nosuch:x", "model:", "model:  ", ":ngram"])
-def test_unknown_specs_are_one_line_errors_listing_the_families(target, spec):
+@pytest.mark.parametrize("spec, start", [("", "no drafter given"), ("  ", "no drafter given"),
+                                         ("hydra", "unknown drafter"), ("nosuch:x", "unknown drafter"),
+                                         (":ngram", "unknown drafter")])
+def test_unknown_specs_are_one_line_errors_listing_the_families(target, spec, start):
     with pytest.raises(SpecvizError) as error:
         api.make_drafter(spec, target)
     message = one_line(error)
-    assert message.startswith("unknown drafter")
+    assert message.startswith(start)
     assert all(family.syntax in message for family in registry.families())
+
+
+@pytest.mark.parametrize("spec, says", [("model:", "ends in an empty part"), ("model:  ", "ends in an empty part"),
+                                        ("model", "needs its argument"), ("eagle3:", "ends in an empty part"),
+                                        ("dspark:raw:", "ends in an empty part"),
+                                        ("hybrid:dspark:", "ends in an empty part")])
+def test_a_spec_missing_its_argument_says_the_family_syntax(target, spec, says):
+    """A trailing ':' is a part left out, not the bare name (the run label would carry it)."""
+    with pytest.raises(SpecvizError) as error:
+        api.make_drafter(spec, target)
+    message = one_line(error)
+    family = registry.get(spec.split(":")[0])
+    assert says in message and family.syntax in message
 
 
 @pytest.mark.parametrize("spec", ["ngram:x", "ngram:0", "ngram:9", "ngram:-1"])

@@ -61,6 +61,7 @@ def _broken_path(obj):
     obj["tokens"] = [1, 2, 3]
     obj["parents"] = [-1, -1, 0]
     obj["p_target"] = [0.1, 0.2, 0.3]
+    obj["text"], obj["q_draft"], obj["confidence"] = ["a", "b", "c"], [0.5, 0.5, 0.5], None
     obj["accepted"] = [1, 2]  # node 2's parent is 0, not 1
 
 
@@ -79,6 +80,21 @@ BROKEN = {
     "summary mismatch": lambda text: _mutate(text, -1, lambda o: o.update(token_ids=[1, 2, 3])),
     "unknown record": lambda text: text + '\n{"type": "party"}',
 }
+#: Hand edits the views would trip on: each is refused by the reader, naming the line and the field.
+EDITED = {
+    "a round without draws": (1, lambda o: o.pop("draws"), "missing field 'draws'"),
+    "a round without target_top": (1, lambda o: o.pop("target_top"), "missing field 'target_top'"),
+    "top-k rows that are not choices": (1, lambda o: o.update(target_top=[[{"x": 1}]]), "'target_top'"),
+    "top-k as text": (1, lambda o: o.update(target_top="abc"), "'target_top'"),
+    "probabilities as text": (1, lambda o: o.update(p_target=["a"] * len(o["tokens"])), "'p_target'"),
+    "a NaN time": (1, lambda o: o.update(verify_ms=float("nan")), "'verify_ms'"),
+    "token text as numbers": (1, lambda o: o.update(text=list(range(len(o["tokens"])))), "'text'"),
+    "meta that is not an object": (1, lambda o: o.update(meta="x"), "'meta'"),
+    "text shorter than the tree": (1, lambda o: o.update(text=o["text"][:-1]), "one entry per node"),
+    "a header config that is not an object": (0, lambda o: o.update(config=5), "'config'"),
+    "a summary prefill as text": (-1, lambda o: o.update(prefill_ms="abc"), "'prefill_ms'"),
+    "a summary baseline speed as text": (-1, lambda o: o.update(baseline={"tokens_per_s": "fast"}), "'baseline'"),
+}
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
@@ -87,6 +103,15 @@ def test_validator_rejects_malformed_traces(recorded, name):
     with pytest.raises(TraceError) as error:
         trace.loads(BROKEN[name](text))
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", list(EDITED))
+def test_hand_edits_the_views_would_trip_on_are_refused_on_read(recorded, name):
+    _, text = recorded
+    line, change, says = EDITED[name]
+    with pytest.raises(TraceError) as error:
+        trace.loads(_mutate(text, line, change))
+    assert says in str(error.value) and "\n" not in str(error.value)
 
 
 def test_read_refuses_missing_and_binary_files(tmp_path):

@@ -281,6 +281,29 @@ def test_cli_end_to_end_exports_a_loadable_fp16_drafter(tmp_path):
     assert "| model:tiny-draft chain k=3 | 1.75 | 0.90× |" in card
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--data", ""], "--data has an empty entry"),  # "" once meant "." and read the whole tree
+    (["--threads", "0"], "--threads must be 1 or more"),
+    (["--threads", "-1"], "--threads must be 1 or more"),
+    (["--steps", "-1"], "--steps must be 0 or more"),
+    (["--batch-size", "-3"], "--batch-size must be 1 or more"),
+    (["--lr", "nan"], "--lr must be a positive number"),
+    (["--out", "{file}/run"], "--out"),
+    (["--out", "{file}"], "is a file, not a folder"),
+])
+def test_train_options_are_checked_before_any_data_stage(tmp_path, capsys, argv, says):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    argv = [part.format(file=a_file) for part in argv]
+    base = {"--data": str(tmp_path), "--out": str(tmp_path / "r")}
+    for flag in ("--data", "--out"):
+        if flag not in argv:
+            argv += [flag, base[flag]]
+    code = main(["draft-lm", "--target", "no-such-model", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and says in err[-1], err
+
+
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
     code = main(["draft-lm", "--target", "no-such-model", "--data", str(tmp_path), "--out", str(tmp_path / "r")])
     assert code == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from specviz import api, settings
+from specviz import api, outputs, settings
 from specviz.bench import charts, configs, machine, report, verify_cost
 from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, load_prompts, select
 from specviz.bench.suite import run_suite
@@ -70,6 +70,7 @@ def _resolve(args: argparse.Namespace) -> None:
     if args.quick and "max_new_tokens" not in settings.given(args):
         args.max_new_tokens = QUICK["max_new_tokens"]
     vars(args).update(settings.check_all({o.name: getattr(args, o.name) for o in OPTIONS}, OPTIONS))
+    outputs.output_dir(args.out, "--out")  # before the suite runs: a bad folder must not cost its results
     if args.limit_per_category is None and args.quick:
         args.limit_per_category = QUICK["limit_per_category"]
     args.draft_quant_list = settings.split("draft_quant", args.draft_quant)

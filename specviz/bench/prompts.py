@@ -28,7 +28,8 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     """Every prompt in ``path``; any malformed line is a one-line error naming the file and line."""
     path = Path(path)
     if not path.is_file():
-        raise SpecvizError(f"prompts file {path} does not exist")
+        raise SpecvizError(f"prompts file {path} is a folder, not a file" if path.is_dir() else
+                           f"prompts file {path} does not exist")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:

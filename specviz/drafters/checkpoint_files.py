@@ -9,6 +9,7 @@ safetensors (single file, sharded index or any ``*.safetensors``); a ``.bin`` / 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -52,14 +53,24 @@ def read_config(folder: Path, what: str = "drafter") -> dict:
 def load_pickle(path: Path) -> dict[str, torch.Tensor]:
     """A ``.bin`` / ``.pt`` checkpoint through ``torch.load(weights_only=True)`` only (no pickled code runs)."""
     try:
-        loaded = torch.load(str(path), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "pickle protocol 4": noise before the one line below
+            warnings.simplefilter("ignore")
+            loaded = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - torch raises many types for unsafe or corrupt pickles
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        raise SpecvizError(f"{path} is not a plain tensor checkpoint (torch.load with weights_only=True refused "
-                           f"it: {first})") from None
+        raise SpecvizError(f"{path} is not a plain tensor checkpoint: torch.load(weights_only=True) refused it "
+                           f"({_unpickler_reason(error)})") from None
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise SpecvizError(f"{path} does not hold a flat name -> tensor dict")
     return loaded
+
+
+def _unpickler_reason(error: Exception) -> str:
+    """What follows "WeightsUnpickler error:" in torch's long refusal (the actual reason), else its first line."""
+    text = str(error)
+    _, marker, after = text.partition("WeightsUnpickler error:")
+    detail = next((line.strip() for line in after.splitlines() if line.strip()), "") if marker else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (f"the unpickler says: {detail}" if detail else lines[0] if lines else type(error).__name__)[:160]
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:

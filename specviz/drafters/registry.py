@@ -114,10 +114,16 @@ def known() -> str:
 def parse(spec: str, *, where: str = "") -> tuple[DrafterFamily, str]:
     """``(family, argument)`` of a drafter spec, or a one-line error listing the known families. No model loads."""
     spec = (spec or "").strip()
-    name, _, argument = spec.partition(":")
+    if not spec:
+        raise SpecvizError(f"no drafter given{where}; known families: {known()}")
+    name, colon, argument = spec.partition(":")
     family = _FAMILIES.get(name)
-    if family is None or (family.argument_required and not argument.strip()):
+    if family is None:
         raise SpecvizError(f"unknown drafter {spec!r}{where}; known families: {known()}")
+    if colon and (not argument.strip() or spec.endswith(":")):  # "eagle3:", "dspark:raw:": a part left out
+        raise SpecvizError(f"drafter {spec!r}{where} ends in an empty part after ':'; the syntax is {family.syntax}")
+    if family.argument_required and not argument.strip():
+        raise SpecvizError(f"drafter {spec!r}{where} needs its argument: the syntax is {family.syntax}")
     argument = argument.strip()
     if family.check is not None:
         argument = family.check(argument)

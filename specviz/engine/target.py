@@ -79,8 +79,14 @@ class Target:
 
     def encode_prompt(self, prompt: str, *, chat: bool) -> list[int]:
         """Token ids of a prompt, through the chat template when ``chat`` is set."""
+        if not isinstance(prompt, str):
+            raise SpecvizError(f"the prompt must be text, not {type(prompt).__name__}")
         if not prompt or not prompt.strip():
             raise SpecvizError("the prompt is empty")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as error:  # lone surrogates: bytes that were not UTF-8 (a shell's or file's)
+            raise SpecvizError(f"the prompt is not valid UTF-8 text (at character {error.start})") from None
         if chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise SpecvizError(f"{self.name} has no chat template; run with --no-chat (raw prompt)")

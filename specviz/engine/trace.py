@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,58 @@ SCHEMA = "specviz.trace"
 VERSION = 1
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 EXTRA_KINDS = {"correction", "bonus"}
-ROUND_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "index": int, "start": int, "tokens": list, "parents": list, "text": list, "p_target": list, "accepted": list,
-    "extra_token": int, "extra_kind": str, "committed": list, "rule": str, "lossless": bool,
-    "draft_ms": (int, float), "verify_ms": (int, float), "other_ms": (int, float),
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _list_of(check):
+    return lambda value: isinstance(value, list) and all(check(v) for v in value)
+
+
+def _or_none(check):
+    return lambda value: value is None or check(value)
+
+
+def _is_choice(value) -> bool:
+    return (isinstance(value, dict) and _is_int(value.get("id")) and _is_number(value.get("p"))
+            and isinstance(value.get("text"), str))
+
+
+_CHOICES = _list_of(_is_choice)
+#: Every field of a round, with the check its value must pass (docs/trace-schema.md): the views read these without
+#: further guards, so a hand-edited trace is refused here with one line rather than failing in a view.
+ROUND_FIELDS = {
+    "index": _is_int, "start": _is_int, "tokens": _list_of(_is_int), "parents": _list_of(_is_int),
+    "text": _list_of(lambda v: isinstance(v, str)), "q_draft": _or_none(_list_of(_is_number)),
+    "confidence": _or_none(_list_of(_is_number)), "sampled": lambda v: isinstance(v, bool),
+    "p_target": _list_of(_is_number), "target_top": _list_of(_CHOICES), "draft_top": _or_none(_list_of(_CHOICES)),
+    "target_entropy": _list_of(_is_number), "accepted": _list_of(_is_int), "extra_token": _is_int,
+    "extra_text": lambda v: isinstance(v, str), "extra_kind": lambda v: isinstance(v, str),
+    "committed": _list_of(_is_int), "committed_text": _list_of(lambda v: isinstance(v, str)),
+    "draws": _list_of(lambda v: isinstance(v, dict)), "residual_top": _or_none(_CHOICES),
+    "rule": lambda v: isinstance(v, str), "lossless": lambda v: isinstance(v, bool), "draft_ms": _is_number,
+    "verify_ms": _is_number, "other_ms": _is_number,
 }
+#: Optional round fields (a trace may leave them out).
+OPTIONAL_ROUND_FIELDS = {"finished": lambda v: isinstance(v, bool), "meta": lambda v: isinstance(v, dict)}
+#: Header entries the views read, and what each must be when present.
+HEADER_FIELDS = {"target": lambda v: isinstance(v, dict), "drafter": _or_none(lambda v: isinstance(v, dict)),
+                 "config": lambda v: isinstance(v, dict), "budget": _or_none(lambda v: isinstance(v, dict)),
+                 "prompt": lambda v: isinstance(v, dict)}
+#: Summary entries the views read, when present.
+SUMMARY_FIELDS = {"token_ids": _list_of(_is_int), "text": lambda v: isinstance(v, str),
+                  "elapsed_s": _or_none(_is_number), "prefill_ms": _or_none(_is_number),
+                  "stop_reason": lambda v: isinstance(v, str), "metrics": lambda v: isinstance(v, dict),
+                  "calibration": _or_none(lambda v: isinstance(v, dict) and all(
+                      _is_number(v[k]) for k in ("tokens_per_s", "decode_tokens_per_s", "new_tokens") if k in v)),
+                  "baseline": _or_none(lambda v: isinstance(v, dict) and _or_none(_is_number)(v.get("tokens_per_s"))),
+                  "speedup": _or_none(_is_number)}
 
 
 class TraceError(SpecvizError):
@@ -120,6 +168,7 @@ def validate(objects: list[dict]) -> None:
         raise TraceError("trace line 1 is not a specviz trace header")
     if header.get("version") != VERSION:
         raise TraceError(f"trace version {header.get('version')!r} is not supported (this specviz reads {VERSION})")
+    _check_fields(header, HEADER_FIELDS, "trace line 1 (header)")
     produced = 0
     committed_all: list[int] = []
     for number, obj in enumerate(objects[1:], start=2):
@@ -127,6 +176,7 @@ def validate(objects: list[dict]) -> None:
         if kind == "summary":
             if number != len(objects):
                 raise TraceError(f"trace line {number}: the summary must be the last line")
+            _check_fields(obj, SUMMARY_FIELDS, f"trace line {number} (summary)")
             if "token_ids" in obj and obj["token_ids"] != committed_all:
                 raise TraceError(f"trace line {number}: summary token_ids differ from the rounds' committed tokens")
             continue
@@ -137,22 +187,27 @@ def validate(objects: list[dict]) -> None:
         committed_all.extend(obj["committed"])
 
 
+def _check_fields(obj: dict, checks: dict, where: str) -> None:
+    """Each present entry of ``obj`` named in ``checks`` passes its check, else one line naming it."""
+    for name, check in checks.items():
+        if name in obj and not check(obj[name]):
+            raise TraceError(f"{where}: field {name!r} has the wrong type or value")
+
+
 def _validate_round(obj: dict, number: int, expected_index: int, expected_start: int) -> None:
     def fail(message: str):
         raise TraceError(f"trace line {number} (round {obj.get('index')}): {message}")
 
-    for name, kind in ROUND_FIELDS.items():
+    for name in ROUND_FIELDS:
         if name not in obj:
             fail(f"missing field {name!r}")
-        if not isinstance(obj[name], kind) or (kind is int and isinstance(obj[name], bool)):
-            fail(f"field {name!r} has the wrong type")
+    _check_fields(obj, {**ROUND_FIELDS, **OPTIONAL_ROUND_FIELDS}, f"trace line {number} (round {obj.get('index')})")
     if obj["index"] != expected_index or obj["start"] != expected_start:
         fail("rounds are out of order or a round is missing")
     tokens, parents, accepted = obj["tokens"], obj["parents"], obj["accepted"]
-    if not all(isinstance(t, int) for t in tokens + parents + accepted + obj["committed"]):
-        fail("token ids, parents, accepted and committed must be integers")
-    if len(parents) != len(tokens) or len(obj["p_target"]) != len(tokens):
-        fail("tokens, parents and p_target must have one entry per node")
+    if any(len(obj[name]) != len(tokens) for name in ("parents", "p_target", "text")) or any(
+            obj[name] is not None and len(obj[name]) != len(tokens) for name in ("q_draft", "confidence")):
+        fail("tokens, parents, text, p_target (and q_draft, confidence) must have one entry per node")
     if any(not -1 <= p < i for i, p in enumerate(parents)):
         fail("parents must satisfy -1 <= parent < node index (topological order)")
     previous = -1

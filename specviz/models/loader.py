@@ -18,7 +18,7 @@ from specviz.errors import SpecvizError, UnsupportedModelError
 from specviz.models import cascade_attention, fast_forward, gguf_file, hub, memory, policy, shared_embedding
 from specviz.models.device import CASCADE, Runtime, choose_runtime
 from specviz.models.registry import REGISTRY, RegistryEntry, get_entry
-from specviz.models.safetensors_check import weight_files
+from specviz.models.safetensors_check import check_matches_config, weight_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 #: What loading bad weights can raise (safetensors raises its own SafetensorError, an Exception subclass).
@@ -193,9 +193,11 @@ def _load_local_dir(directory: Path, runtime: Runtime, *,
     memory.check_fits(str(directory), memory.safetensors_numel(files), runtime.dtype, runtime.device)
     try:
         config = AutoConfig.from_pretrained(str(directory), trust_remote_code=policy.trust_remote_code())
-    except (OSError, ValueError) as error:
+    except Exception as error:  # a user's config.json can fail transformers' checks in many ways
         raise SpecvizError(_remote_code_hint(directory, error)) from None
     _check_causal(config, str(directory))
+    expected, ignored = _expected_shapes(config)
+    check_matches_config(files, expected, str(directory), may_be_missing=_borrowed_or_tied(config), ignored=ignored)
     try:
         with shared_embedding.quiet_if_shared(config):  # the borrowed tensors are missing on purpose
             model = AutoModelForCausalLM.from_pretrained(
@@ -212,6 +214,34 @@ def _load_local_dir(directory: Path, runtime: Runtime, *,
     else:
         raise SpecvizError(f"{directory} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
     return _finish(model, tokenizer, str(directory), runtime)
+
+
+def _expected_shapes(config) -> tuple[dict[str, list[int]], tuple[str, ...]]:
+    """Name -> shape of every tensor the model ``config`` builds, on the meta device (no memory, no weights), and
+    the patterns of checkpoint tensors its class itself ignores (e.g. rotary ``inv_freq`` buffers older saves hold)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=policy.trust_remote_code())
+    except Exception as error:  # odd values can pass the config's own checks and fail here
+        raise SpecvizError(f"config.json does not build a model: {_first_line(error)}") from None
+    ignored = (*(getattr(skeleton, "_keys_to_ignore_on_load_unexpected", None) or ()), r"rotary_emb\.inv_freq$")
+    return {name: list(tensor.shape) for name, tensor in skeleton.state_dict().items()}, ignored
+
+
+#: The input embedding and output layer: with tied embeddings a checkpoint holds either one.
+TIED_PAIR = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def _borrowed_or_tied(config) -> set[str]:
+    """Tensors a checkpoint may leave out: those borrowed from a donor model, and an output layer tied to the
+    embedding."""
+    spec = shared_embedding.spec_of(config) or {}
+    names = set(spec.get("tensors") or [])
+    if getattr(config, "tie_word_embeddings", False):  # one copy is saved, under either name
+        names.update(TIED_PAIR)
+    return names
 
 
 def _load_gguf(path: Path, runtime: Runtime) -> LoadedModel:
@@ -280,5 +310,9 @@ def _remote_code_hint(source, error: Exception) -> str:
 
 
 def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:200]
+    """The message's first line, with the next one where it only introduces it (ends in ':')."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return text[:200]

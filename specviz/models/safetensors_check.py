@@ -8,6 +8,7 @@ check reads tensor shapes through ``tensor_shapes`` too).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -64,3 +65,29 @@ def tensor_shapes(file: Path) -> dict[str, list[int]]:
         if "not fully covered" in reason:
             reason += " (truncated?)"
         raise SpecvizError(f"corrupt safetensors file {file}: {reason}") from None
+
+
+def check_matches_config(files: list[Path], expected: dict[str, list[int]], source: str,
+                         may_be_missing: set[str] = frozenset(), ignored: tuple[str, ...] = ()) -> None:
+    """The checkpoint's tensors are the ones its config describes, shape for shape (``expected``: the model the config
+    builds). transformers would re-initialise a missing tensor at random and drop an unexpected one, so a config
+    that does not describe its weights (a wrong layer count, hidden size or vocabulary) would run silently as
+    garbage; here it is one line naming the first difference. ``ignored``: regular expressions of checkpoint tensors
+    the model class drops on purpose."""
+    found: dict[str, list[int]] = {}
+    for file in files:
+        found.update(tensor_shapes(file))
+    mismatched = [name for name in expected if name in found and list(found[name]) != list(expected[name])]
+    if mismatched:
+        name = mismatched[0]
+        raise SpecvizError(f"{source}: the weights do not match config.json: {name} is {found[name]} in the "
+                           f"checkpoint but {list(expected[name])} by the config ({len(mismatched)} tensors differ)")
+    unexpected = sorted(name for name in found
+                        if name not in expected and not any(re.search(pattern, name) for pattern in ignored))
+    if unexpected:
+        raise SpecvizError(f"{source}: the checkpoint holds {len(unexpected)} tensors config.json has no place for "
+                           f"(first: {unexpected[0]}); its config does not describe these weights")
+    missing = sorted(name for name in expected if name not in found and name not in may_be_missing)
+    if missing:
+        raise SpecvizError(f"{source}: the checkpoint lacks {len(missing)} tensors config.json asks for (first: "
+                           f"{missing[0]})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specviz import outputs
 from specviz.errors import SpecvizError
 from specviz.training.arguments import DESCRIPTION, add_train_arguments, build_parser
 from specviz.training.data import DataPlan, build_data
@@ -43,11 +45,11 @@ def train(args: argparse.Namespace) -> dict:
     """Prepare data, train, evaluate on held-out target answers, save; return the metrics."""
     from specviz.models import load_model
 
+    check_numbers(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     trainer_cls = get_trainer(args.kind)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    out: Path = outputs.output_dir(args.out, "--out")
     log_file = (out / "train.log").open("a", encoding="utf-8")
 
     def log(message: str) -> None:
@@ -169,6 +171,24 @@ def trainer_options(trainer_cls, pairs: list[str]) -> dict:
         except json.JSONDecodeError:
             options[key] = value
     return options
+
+
+#: The train options that must be whole numbers of at least this much (checked before any data stage).
+AT_LEAST = {"steps": 0, "batch_size": 1, "seq_len": 2, "warmup": 0, "save_every": 1, "log_every": 1, "prompts": 0,
+            "extra_prompts": 0, "eval_prompts": 0, "gen_tokens": 1, "gen_batch": 1, "corpus_tokens": 0,
+            "stdlib_files": 0, "topk": 1, "threads": 1, "hidden": 1, "layers": 1}
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Out-of-range numbers, and empty --data entries, are one-line errors before anything loads."""
+    for name, low in AT_LEAST.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise SpecvizError(f"--{name.replace('_', '-')} must be {low} or more, got {value}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise SpecvizError(f"--lr must be a positive number, got {args.lr}")
+    if any(not str(path).strip() for path in args.data):
+        raise SpecvizError("--data has an empty entry: give files, folders, globs or 'stdlib'")
 
 
 def _check_plan(plan: DataPlan) -> None:
