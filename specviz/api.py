@@ -61,6 +61,8 @@ def load_target(spec: str, *, target_forward: str = "auto", **kwargs) -> Target:
     from specviz.models import load_model
     from specviz.models.device import choose_target_forward
 
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecvizError(f"the target must be a model name, folder, .gguf file or hub id, not {spec!r}")
     loaded = load_model(spec, role="target", **kwargs)
     forward = choose_target_forward(target_forward, loaded.device, loaded.dtype)
     if forward == "hf":
@@ -75,6 +77,8 @@ def make_drafter(spec: str, target: Target, run_settings: Mapping[str, Any] | No
     ``run_settings`` (or keywords such as ``draft_vocab=16384``, ``draft_quant="int8"``, ``device="cpu"``) are
     ``specviz.settings`` names; values that come from ``settings.validate`` are not checked again.
     """
+    if target is None or isinstance(target, str):
+        raise SpecvizError(f"make_drafter needs the loaded target (api.load_target(...)), not {target!r}")
     family, argument = registry.parse(spec)
     checked = settings.validate({**run_settings, **values} if values and run_settings else values or run_settings)
     return family.build(argument, target, checked)
@@ -103,6 +107,9 @@ def start(
 ) -> Generation:
     """A generation ready to iterate (one ``Round`` per step); ``drafter=None`` is plain decoding. A missing budget,
     config or ``chat`` (for a text prompt) takes the declared defaults (``specviz.settings``)."""
+    if isinstance(drafter, str):
+        raise SpecvizError(f"start needs a Drafter (api.make_drafter(spec, target)) or None for plain decoding, not "
+                           f"{drafter!r}")
     defaults = settings.validate()
     chat = defaults["chat"] if chat is None else chat
     prompt_ids = _checked_ids(prompt, target.vocab_size) if isinstance(prompt, list) else \

@@ -30,6 +30,32 @@ def test_empty_prompt(target):
         Generation(target, [], GenerationConfig())
 
 
+@pytest.mark.parametrize("ids, says", [([-1], "prompt token 0 is -1"), ([1, 32], "prompt token 1 is 32"),
+                                       ([1.5], "token ids are whole numbers"), (["a"], "token ids are whole numbers"),
+                                       ([True], "token ids are whole numbers"), ([], "no token ids")])
+def test_prompt_ids_outside_the_vocabulary(target, ids, says):
+    with pytest.raises(SpecvizError) as error:
+        api.start(target, ids, None)
+    assert says in one_line(error)
+
+
+def test_a_prompt_that_is_not_text_or_not_utf8(target):
+    for prompt, says in ((b"hi", "must be text"), ("abc\udcff", "not valid UTF-8")):
+        with pytest.raises(SpecvizError) as error:
+            target.encode_prompt(prompt, chat=False)
+        assert says in one_line(error)
+
+
+def test_api_calls_with_the_wrong_kind_of_argument(target):
+    for call, says in ((lambda: api.load_target(None), "the target must be"),
+                       (lambda: api.make_drafter(5, target), "a drafter spec is text"),
+                       (lambda: api.make_drafter("ngram", None), "needs the loaded target"),
+                       (lambda: api.start(target, [1, 2], "ngram"), "start needs a Drafter")):
+        with pytest.raises(SpecvizError) as error:
+            call()
+        assert says in one_line(error)
+
+
 @pytest.mark.parametrize("value", [0, -3, 10**6, 2.5])
 def test_max_new_tokens_out_of_range(value):
     with pytest.raises(SpecvizError) as error:

@@ -113,6 +113,8 @@ def known() -> str:
 
 def parse(spec: str, *, where: str = "") -> tuple[DrafterFamily, str]:
     """``(family, argument)`` of a drafter spec, or a one-line error listing the known families. No model loads."""
+    if spec is not None and not isinstance(spec, str):
+        raise SpecvizError(f"a drafter spec is text such as 'ngram' or 'eagle3', not {spec!r}")
     spec = (spec or "").strip()
     if not spec:
         raise SpecvizError(f"no drafter given{where}; known families: {known()}")
