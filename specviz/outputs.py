@@ -7,6 +7,7 @@ all call it before any model loads.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from specviz.errors import SpecvizError
@@ -27,8 +28,11 @@ def output_dir(path: str | os.PathLike, option: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise SpecvizError(f"{option} {folder}: cannot create that folder ({_reason(error)})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise SpecvizError(f"{option} {folder}: that folder is not writable")
+    try:  # write a file there: permission bits say nothing to root, and some file systems refuse writes anyway
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".specviz-write-check-"):
+            pass
+    except OSError as error:
+        raise SpecvizError(f"{option} {folder}: cannot write there ({_reason(error)})") from None
     return folder
 
 
@@ -40,6 +44,10 @@ def output_file(path: str | os.PathLike, option: str) -> Path:
     if file.is_dir():
         raise SpecvizError(f"{option} {file} is a folder, not a file")
     output_dir(file.parent, f"{option}'s folder")
-    if file.exists() and not os.access(file, os.W_OK):
-        raise SpecvizError(f"{option} {file}: that file is not writable")
+    if file.exists():
+        try:  # opened for appending, so nothing it holds is lost by the check
+            with file.open("a", encoding="utf-8"):
+                pass
+        except OSError as error:
+            raise SpecvizError(f"{option} {file}: cannot write it ({_reason(error)})") from None
     return file

@@ -301,7 +301,10 @@ def _number(setting: Setting, text: str):
 def split(name: str, text: str) -> list:
     """A comma list of one setting's values (``--draft-quant off,int8`` in the benchmark), each checked."""
     setting = get(name)
-    values = [check(setting, _number(setting, part.strip())) for part in (text or "").split(",") if part.strip()]
+    parts = [part.strip() for part in (text or "").split(",")]
+    if any(parts) and "" in parts:
+        raise SpecvizError(f"--{setting.cli_name} {text!r} has an empty entry")
+    values = [check(setting, _number(setting, part)) for part in parts if part]
     if not values:
         options = " or ".join([*setting.choices, ",".join(setting.choices)]) if setting.choices else "a value"
         raise SpecvizError(f"--{setting.cli_name} is empty; give {options}")

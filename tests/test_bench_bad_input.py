@@ -80,6 +80,8 @@ def test_an_unwritable_out_fails_before_the_suite(capsys, tmp_path):
     (["--k", "0"], "k must be"),
     (["--k", "2,0"], "k must be"),
     (["--k", "2,x"], "k must be"),
+    (["--k", "2,,3"], "has an empty entry"),
+    (["--shapes", "chain,,"], "--shapes takes chain, tree"),
     (["--threads", "0"], "threads must be"),
     (["--draft-quant", "off,int4"], "draft-quant must be one of auto, off, int8"),
     (["--draft-quant", ","], "--draft-quant is empty"),

@@ -50,9 +50,10 @@ def parse_drafters(text: str) -> list[str]:
 
 
 def parse_shapes(text: str) -> list[str]:
-    shapes = [part.strip() for part in (text or "").split(",") if part.strip()]
+    parts = [part.strip() for part in (text or "").split(",")]
+    shapes = [part for part in parts if part]
     bad = [s for s in shapes if s not in SHAPES]
-    if not shapes or bad:
+    if not shapes or bad or "" in parts:
         raise SpecvizError(f"--shapes takes chain, tree or chain,tree, got {text!r}")
     return list(dict.fromkeys(shapes))
 

@@ -29,6 +29,18 @@ def _is_number(value) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
+def _is_token(value) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _is_probability(value) -> bool:
+    return _is_number(value) and 0.0 <= value <= 1.0 + 1e-4  # float32 softmax can round a little above 1
+
+
+def _is_nonnegative(value) -> bool:
+    return _is_number(value) and value >= 0.0
+
+
 def _list_of(check):
     return lambda value: isinstance(value, list) and all(check(v) for v in value)
 
@@ -38,7 +50,7 @@ def _or_none(check):
 
 
 def _is_choice(value) -> bool:
-    return (isinstance(value, dict) and _is_int(value.get("id")) and _is_number(value.get("p"))
+    return (isinstance(value, dict) and _is_token(value.get("id")) and _is_probability(value.get("p"))
             and isinstance(value.get("text"), str))
 
 
@@ -46,16 +58,17 @@ _CHOICES = _list_of(_is_choice)
 #: Every field of a round, with the check its value must pass (docs/trace-schema.md): the views read these without
 #: further guards, so a hand-edited trace is refused here with one line rather than failing in a view.
 ROUND_FIELDS = {
-    "index": _is_int, "start": _is_int, "tokens": _list_of(_is_int), "parents": _list_of(_is_int),
-    "text": _list_of(lambda v: isinstance(v, str)), "q_draft": _or_none(_list_of(_is_number)),
-    "confidence": _or_none(_list_of(_is_number)), "sampled": lambda v: isinstance(v, bool),
-    "p_target": _list_of(_is_number), "target_top": _list_of(_CHOICES), "draft_top": _or_none(_list_of(_CHOICES)),
-    "target_entropy": _list_of(_is_number), "accepted": _list_of(_is_int), "extra_token": _is_int,
-    "extra_text": lambda v: isinstance(v, str), "extra_kind": lambda v: isinstance(v, str),
-    "committed": _list_of(_is_int), "committed_text": _list_of(lambda v: isinstance(v, str)),
-    "draws": _list_of(lambda v: isinstance(v, dict)), "residual_top": _or_none(_CHOICES),
-    "rule": lambda v: isinstance(v, str), "lossless": lambda v: isinstance(v, bool), "draft_ms": _is_number,
-    "verify_ms": _is_number, "other_ms": _is_number,
+    "index": _is_int, "start": _is_int, "tokens": _list_of(_is_token), "parents": _list_of(_is_int),
+    "text": _list_of(lambda v: isinstance(v, str)), "q_draft": _or_none(_list_of(_is_probability)),
+    "confidence": _or_none(_list_of(_is_probability)), "sampled": lambda v: isinstance(v, bool),
+    "p_target": _list_of(_is_probability), "target_top": _list_of(_CHOICES),
+    "draft_top": _or_none(_list_of(_CHOICES)), "target_entropy": _list_of(_is_nonnegative),
+    "accepted": _list_of(_is_int), "extra_token": _is_token, "extra_text": lambda v: isinstance(v, str),
+    "extra_kind": lambda v: isinstance(v, str), "committed": _list_of(_is_token),
+    "committed_text": _list_of(lambda v: isinstance(v, str)), "draws": _list_of(lambda v: isinstance(v, dict)),
+    "residual_top": _or_none(_CHOICES), "rule": lambda v: isinstance(v, str),
+    "lossless": lambda v: isinstance(v, bool), "draft_ms": _is_nonnegative, "verify_ms": _is_nonnegative,
+    "other_ms": _is_nonnegative,
 }
 #: Optional round fields (a trace may leave them out).
 OPTIONAL_ROUND_FIELDS = {"finished": lambda v: isinstance(v, bool), "meta": lambda v: isinstance(v, dict)}
@@ -65,7 +78,7 @@ HEADER_FIELDS = {"target": lambda v: isinstance(v, dict), "drafter": _or_none(la
                  "prompt": lambda v: isinstance(v, dict)}
 #: Summary entries the views read, when present.
 SUMMARY_FIELDS = {"token_ids": _list_of(_is_int), "text": lambda v: isinstance(v, str),
-                  "elapsed_s": _or_none(_is_number), "prefill_ms": _or_none(_is_number),
+                  "elapsed_s": _or_none(_is_nonnegative), "prefill_ms": _or_none(_is_nonnegative),
                   "stop_reason": lambda v: isinstance(v, str), "metrics": lambda v: isinstance(v, dict),
                   "calibration": _or_none(lambda v: isinstance(v, dict) and all(
                       _is_number(v[k]) for k in ("tokens_per_s", "decode_tokens_per_s", "new_tokens") if k in v)),
