@@ -122,7 +122,7 @@ def parse(spec: str, *, where: str = "") -> tuple[DrafterFamily, str]:
     family = _FAMILIES.get(name)
     if family is None:
         raise SpecvizError(f"unknown drafter {spec!r}{where}; known families: {known()}")
-    if colon and (not argument.strip() or spec.endswith(":")):  # "eagle3:", "dspark:raw:": a part left out
+    if spec.endswith(":"):  # "eagle3:", "dspark:raw:": a part left out, not the bare name
         raise SpecvizError(f"drafter {spec!r}{where} ends in an empty part after ':'; the syntax is {family.syntax}")
     if family.argument_required and not argument.strip():
         raise SpecvizError(f"drafter {spec!r}{where} needs its argument: the syntax is {family.syntax}")

@@ -18,7 +18,7 @@ from specviz.errors import SpecvizError, UnsupportedModelError
 from specviz.models import cascade_attention, fast_forward, gguf_file, hub, memory, policy, shared_embedding
 from specviz.models.device import CASCADE, Runtime, choose_runtime
 from specviz.models.registry import REGISTRY, RegistryEntry, get_entry
-from specviz.models.safetensors_check import check_matches_config, weight_files
+from specviz.models.safetensors_check import check_matches_config, stored_shapes, weight_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 #: What loading bad weights can raise (safetensors raises its own SafetensorError, an Exception subclass).
@@ -190,14 +190,15 @@ def _load_local_dir(directory: Path, runtime: Runtime, *,
     from transformers import AutoConfig, AutoModelForCausalLM
 
     files = weight_files(directory)
-    memory.check_fits(str(directory), memory.safetensors_numel(files), runtime.dtype, runtime.device)
+    stored = stored_shapes(files)  # one header read serves the memory check and the config check
+    memory.check_fits(str(directory), memory.stored_numel(stored), runtime.dtype, runtime.device)
     try:
         config = AutoConfig.from_pretrained(str(directory), trust_remote_code=policy.trust_remote_code())
     except Exception as error:  # a user's config.json can fail transformers' checks in many ways
         raise SpecvizError(_remote_code_hint(directory, error)) from None
     _check_causal(config, str(directory))
     expected, ignored = _expected_shapes(config)
-    check_matches_config(files, expected, str(directory), may_be_missing=_borrowed_or_tied(config), ignored=ignored)
+    check_matches_config(stored, expected, str(directory), may_be_missing=_borrowed_or_tied(config), ignored=ignored)
     try:
         with shared_embedding.quiet_if_shared(config):  # the borrowed tensors are missing on purpose
             model = AutoModelForCausalLM.from_pretrained(

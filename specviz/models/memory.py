@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError
-from specviz.models.safetensors_check import tensor_shapes
+from specviz.models.safetensors_check import stored_shapes
 
 MEMORY_LIMIT_ENV = "SPECVIZ_MAX_MEMORY_GB"
 #: Activations, KV cache and allocator slack on top of the weights.
@@ -36,7 +36,12 @@ def params_from_config(config) -> int:
 
 def safetensors_numel(files: Iterable[Path]) -> int:
     """Number of elements stored in safetensors files, read from their headers only."""
-    return sum(math.prod(shape) for file in files for shape in tensor_shapes(file).values())
+    return stored_numel(stored_shapes(list(files)))
+
+
+def stored_numel(shapes: dict[str, list[int]]) -> int:
+    """Number of elements of tensors by shape (``safetensors_check.stored_shapes``)."""
+    return sum(math.prod(shape) for shape in shapes.values())
 
 
 def available_bytes(device: str) -> int:

@@ -67,16 +67,18 @@ def tensor_shapes(file: Path) -> dict[str, list[int]]:
         raise SpecvizError(f"corrupt safetensors file {file}: {reason}") from None
 
 
-def check_matches_config(files: list[Path], expected: dict[str, list[int]], source: str,
+def stored_shapes(files: list[Path]) -> dict[str, list[int]]:
+    """Name -> shape of every tensor over a checkpoint's files, from their headers."""
+    return {name: shape for file in files for name, shape in tensor_shapes(file).items()}
+
+
+def check_matches_config(found: dict[str, list[int]], expected: dict[str, list[int]], source: str,
                          may_be_missing: set[str] = frozenset(), ignored: tuple[str, ...] = ()) -> None:
-    """The checkpoint's tensors are the ones its config describes, shape for shape (``expected``: the model the config
-    builds). transformers would re-initialise a missing tensor at random and drop an unexpected one, so a config
-    that does not describe its weights (a wrong layer count, hidden size or vocabulary) would run silently as
-    garbage; here it is one line naming the first difference. ``ignored``: regular expressions of checkpoint tensors
-    the model class drops on purpose."""
-    found: dict[str, list[int]] = {}
-    for file in files:
-        found.update(tensor_shapes(file))
+    """The checkpoint's tensors (``found``, from ``stored_shapes``) are the ones its config describes, shape for shape
+    (``expected``: the model the config builds). transformers would re-initialise a missing tensor at random and
+    drop an unexpected one, so a config that does not describe its weights (a wrong layer count, hidden size or
+    vocabulary) would run silently as garbage; here it is one line naming the first difference. ``ignored``:
+    regular expressions of checkpoint tensors the model class drops on purpose."""
     mismatched = [name for name in expected if name in found and list(found[name]) != list(expected[name])]
     if mismatched:
         name = mismatched[0]
