@@ -3,7 +3,7 @@
 >>> from specviz import api
 >>> target = api.load_target("smollm2-135m")
 >>> drafter = api.make_drafter("ngram", target)
->>> settings = api.settings.validate({"k": 4, "max_new_tokens": 64})   # the declared run settings, checked once
+>>> settings = api.settings.validate({"tree": False, "k": 4, "max_new_tokens": 64})  # checked once; a chain of 4
 >>> run = api.start(target, "Tell me a story.", drafter, api.budget_for(settings), api.config_for(settings))
 >>> for round_ in run:                 # one Round per verify forward
 ...     print(round_.accepted, round_.committed_text)
@@ -115,6 +115,11 @@ def start(
     prompt_ids = _checked_ids(prompt, target.vocab_size) if isinstance(prompt, list) else \
         target.encode_prompt(prompt, chat=chat)
     return Generation(target, prompt_ids, config or config_for(defaults), drafter, budget or budget_for(defaults))
+
+
+def warm_up(target: Target, prompt_ids: list[int]) -> None:
+    """One short plain decode so one-time costs (allocations, kernel selection) are not charged to a timed run."""
+    plain_decode(target, prompt_ids[-16:], GenerationConfig(max_new_tokens=2))
 
 
 def _checked_ids(ids: list, vocab_size: int) -> list[int]:

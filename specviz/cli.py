@@ -53,7 +53,7 @@ def run_generate(args: argparse.Namespace) -> int:
     target = api.load_target(values["target"], target_forward=values["target_forward"], **kwargs)
     drafter = api.make_drafter(drafter_spec, target, values)
     prompt_ids = target.encode_prompt(args.prompt, chat=values["chat"])
-    warm_up(target, prompt_ids)
+    api.warm_up(target, prompt_ids)
     run = api.start(target, prompt_ids, drafter, budget, config).run()
     baseline = api.plain_decode(target, prompt_ids, config) if args.baseline else None
     summary = api.summary_for(run, baseline)
@@ -81,11 +81,6 @@ def run_generate(args: argparse.Namespace) -> int:
             line += " identical" if baseline.token_ids == run.token_ids else " DIFFERENT FROM PLAIN"
     print(line, file=sys.stderr)
     return 0
-
-
-def warm_up(target: api.Target, prompt_ids: list[int]) -> None:
-    """One short plain decode so one-time costs (allocations, kernel selection) are not charged to a timed run."""
-    api.plain_decode(target, prompt_ids[-16:], api.GenerationConfig(max_new_tokens=2))
 
 
 def _subcommands() -> dict[str, tuple[Callable, Callable]]:

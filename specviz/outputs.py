@@ -18,26 +18,27 @@ def _reason(error: OSError) -> str:
 
 
 def output_dir(path: str | os.PathLike, option: str) -> Path:
-    """``path`` as a folder that exists and can be written to (created with its parents if missing)."""
+    """``path`` as a folder that exists, or can be created, and can be written to. Nothing is created here: the
+    command makes the folder when it writes, so a command refused by a later check leaves no empty folder behind."""
     if not str(path).strip():
         raise SpecvizError(f"{option} is empty: give a folder to write into")
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise SpecvizError(f"{option} {folder} is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise SpecvizError(f"{option} {folder}: cannot create that folder ({_reason(error)})") from None
+    nearest = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not nearest.is_dir():
+        raise SpecvizError(f"{option} {folder}: cannot create that folder ({nearest} is a file)")
     try:  # write a file there: permission bits say nothing to root, and some file systems refuse writes anyway
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".specviz-write-check-"):
+        with tempfile.NamedTemporaryFile(dir=nearest, prefix=".specviz-write-check-"):
             pass
     except OSError as error:
-        raise SpecvizError(f"{option} {folder}: cannot write there ({_reason(error)})") from None
+        verb = "write there" if nearest == folder else f"create that folder in {nearest}"
+        raise SpecvizError(f"{option} {folder}: cannot {verb} ({_reason(error)})") from None
     return folder
 
 
 def output_file(path: str | os.PathLike, option: str) -> Path:
-    """``path`` as a file that can be written (its folder created if missing; an existing file is replaced)."""
+    """``path`` as a file that can be written (its folder can be created; an existing file will be replaced)."""
     if not str(path).strip():
         raise SpecvizError(f"{option} is empty: give a file to write")
     file = Path(path)

@@ -73,12 +73,20 @@ def test_budget_out_of_range(field, value):
     assert field.replace("_", "-") in one_line(error)
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"temperature": 100.0}, {"top_p": 0.0}, {"top_p": 1.5},
-                                    {"top_k": -1}])
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, "7", True])
+def test_seed_out_of_range(seed):
+    """The engine refuses what the settings refuse (torch would take -1 as 2**64 - 1, and fail on 2**64)."""
+    with pytest.raises(SpecvizError) as error:
+        GenerationConfig(seed=seed)
+    assert "seed" in one_line(error)
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"temperature": 100.0}, {"temperature": float("nan")},
+                                    {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"top_k": "3"}])
 def test_sampling_settings_out_of_range(kwargs):
     with pytest.raises(SpecvizError) as error:
         SamplingConfig(**kwargs)
-    one_line(error)
+    assert next(iter(kwargs)).replace("_", "-") in one_line(error)
 
 
 @pytest.mark.parametrize("spec", ["", "hydra", "model:", "ngram:x", "nosuch:foo"])
@@ -154,3 +162,18 @@ def test_out_of_vocabulary_draft_is_refused(target):
     with pytest.raises(SpecvizError) as error:
         run.run()
     assert "vocabulary" in one_line(error)
+
+
+def test_a_draft_beyond_its_budget_is_refused(target):
+    """The verify forward and the target's cache are sized by the budget: a drafter that ignores it gets one line
+    naming it, not an overflow deep in the cache."""
+    class Greedy(api.Drafter):
+        name = "greedy-drafter"
+
+        def propose(self, context, budget, sampling, generator):
+            return api.DraftTree.chain([1] * (budget.k + 1))
+
+    run = Generation(target, [1, 2, 3], GenerationConfig(max_new_tokens=8), Greedy(), DraftBudget(k=2))
+    with pytest.raises(SpecvizError) as error:
+        run.run()
+    assert "greedy-drafter proposed 3 nodes 3 deep, beyond its budget (chain k=2)" in one_line(error)

@@ -72,6 +72,17 @@ def test_an_unwritable_out_fails_before_the_suite(capsys, tmp_path):
     assert code == 2 and "is a folder, not a file" in capsys.readouterr().err
 
 
+def test_a_refused_command_leaves_no_out_folder(capsys, tmp_path):
+    """The --out check creates nothing: a later refusal (here the drafter list) must not leave an empty folder."""
+    path = write(tmp_path / "p.jsonl", [GOOD])
+    out = tmp_path / "new" / "run"
+    code = cli.main(["bench", "--target", MISSING_TARGET, "--drafters", "magic", "--prompts", str(path),
+                     "--out", str(out)])
+    assert code == 2 and "unknown drafter" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    assert list(tmp_path.iterdir()) == [path]  # nor the write check's file
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--categories", "qa,nonsense"], "category 'nonsense' has no prompts"),
     (["--categories", " , "], "--categories is empty"),

@@ -32,7 +32,7 @@ def test_generate_json_with_baseline(capsys, model_dirs, tmp_path, shape, drafte
     quant = ["--draft-quant", "int8"] if drafter == "model-int8" else []
     code, out, err = run_cli(capsys, "generate", "--no-chat", "--target", model_dirs / "target", "--drafter", spec,
                              *shape, *quant, "--prompt", "w3 w5 w7 w3 w5", "--max-new-tokens", 30, "--baseline",
-                             "--json", "--trace", tmp_path / "t.jsonl")
+                             "--json", "--trace", tmp_path / "new" / "t.jsonl")  # its folder made on writing
     assert code == 0, err
     result = json.loads(out)
     for key in ("text", "token_ids", "rounds", "tau", "acceptance_rate", "tokens_per_s", "baseline_token_ids",
@@ -41,7 +41,7 @@ def test_generate_json_with_baseline(capsys, model_dirs, tmp_path, shape, drafte
     assert len(result["token_ids"]) == 30
     assert result["token_ids"] == result["baseline_token_ids"] and result["identical"]
     assert result["tau"] == pytest.approx(30 / result["rounds"])
-    assert trace.read(tmp_path / "t.jsonl").token_ids == result["token_ids"]
+    assert trace.read(tmp_path / "new" / "t.jsonl").token_ids == result["token_ids"]
 
 
 def test_sampled_generation_is_reproducible(capsys, model_dirs):

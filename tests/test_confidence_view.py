@@ -174,3 +174,16 @@ def test_the_shipped_greedy_curve_is_drawn_where_the_run_started_from_it():
     for odd in (None, "curve", {"points": "xy"}, {"points": [[0.5], ["a", 0.2], [2.0, 0.5], None]}):
         names = [t.get("name") or "" for t in confidence_spec([recalibrated_round()], 0, odd)["data"]]
         assert not any("shipped greedy curve" in name for name in names)
+
+
+@pytest.mark.parametrize("schedule", [None, {"length": 1, "capped": True}])
+def test_panel_titles_clear_the_plot_label(schedule):
+    """gr.Plot lays its label over the figure's top-left corner; the block title above the plot area (at 1.07 of
+    its height) must start below that strip, or its first line is half hidden."""
+    round_ = with_confidence(make_round([-1, 0], [0], q=[0.9, 0.5]), [0.8, 0.4], schedule=schedule or {})
+    layout = confidence_spec([round_])["layout"]
+    block = next(a for a in layout["annotations"] if a["y"] == 1.07 and a["x"] == 0)
+    plot_height = layout["height"] - layout["margin"]["t"] - layout["margin"]["b"]
+    lines = 1 + block["text"].count("<br>")
+    title_top = layout["margin"]["t"] - 0.07 * plot_height - 16 * lines
+    assert title_top >= 24  # the label strip

@@ -143,3 +143,19 @@ def test_draft_vocab_trims_a_copy_and_drafts_only_the_first_ids(setup):
         DraftModelDrafter(other, VOCAB, draft_vocab=VOCAB + 1)
     with pytest.raises(SpecvizError, match=r"draft-vocab must be an integer in \[0, "):
         settings.check("draft_vocab", -1)  # the user's value is checked by the declaration
+
+
+def test_the_widest_tree_fits_the_draft_cache_at_the_end_of_the_longest_run():
+    """A dynamic tree feeds the draft every frontier node it expands: at the largest width and depth the settings
+    allow, 10 tokens before the end of a 4096-token run, that must fit the draft model's preallocated cache."""
+    from specviz.engine.loop import MAX_NEW_TOKENS
+    from specviz.engine.sampling import SamplingConfig, make_generator
+
+    drafter = DraftModelDrafter(tiny.model(max_positions=8192, seed=1), 64)
+    prompt = [1, 2, 3, 4]
+    drafter.begin(prompt)
+    context = prompt + [(i * 7) % 64 for i in range(MAX_NEW_TOKENS - 10)]
+    widest = DraftBudget(tree=True, width=settings.get("width").high, depth=settings.get("depth").high,
+                         max_nodes=settings.get("max_nodes").high).capped(10)
+    tree = drafter.propose(context, widest, SamplingConfig(), make_generator(0))
+    assert len(tree) == widest.max_nodes

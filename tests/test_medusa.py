@@ -21,7 +21,7 @@ from test_sampling_lossless import PROMPT as SAMPLING_PROMPT
 
 from specviz.drafters import medusa_layouts as layouts
 from specviz.drafters import mtp_layouts, registry
-from specviz.drafters.eagle_layouts import TargetShape
+from specviz.drafters.checkpoint_files import TargetShape
 from specviz.drafters.medusa import (
     MedusaDrafter,
     MedusaHeads,
@@ -167,7 +167,12 @@ def test_heads_read_the_feature_of_the_position_before_the_pending_token(setup):
 def test_choices_are_checked_in_one_line():
     assert check_choices([[0], [0, 0], [1], (0, 1)]) == ((0,), (0, 0), (1,), (0, 1))
     for bad, message in (([[0, 0], [0]], "before its parent"), ([[0], [0]], "listed twice"),
-                         ([[]], "non-empty"), ([[-1]], "ranks >= 0"), ([[0.5]], "ranks >= 0"), ([3], "list of lists")):
+                         ([[]], "non-empty"), ([[-1]], "ranks >= 0"), ([[0.5]], "ranks >= 0"), ([3], "list of lists"),
+                         ("ab", "list of lists"), ([["a"]], "ranks >= 0"), ([[float("nan")]], "ranks >= 0"),
+                         ([[True]], "ranks >= 0"), (5, "list of lists"), ([[10**30]], None)):
+        if message is None:  # a huge rank is a valid path (the heads' top-k caps it when drafting)
+            check_choices(bad)
+            continue
         with pytest.raises(SpecvizError, match=message) as error:
             check_choices(bad)
         assert "\n" not in str(error.value)

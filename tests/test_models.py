@@ -187,11 +187,12 @@ def test_allowlist_refuses_and_allows(tiny_dir, monkeypatch):
 
 
 def test_memory_estimate_counts_the_stored_parameters(tiny_dir):
-    from specviz.models.memory import safetensors_numel
-    from specviz.models.safetensors_check import weight_files
+    from specviz.models.memory import stored_numel
+    from specviz.models.safetensors_check import stored_shapes, weight_files
 
     loaded = load_model(str(tiny_dir))
-    assert safetensors_numel(weight_files(tiny_dir)) == sum(p.numel() for p in loaded.model.parameters())
+    stored = stored_numel(stored_shapes(weight_files(tiny_dir)))
+    assert stored == sum(p.numel() for p in loaded.model.parameters())
 
 
 def test_memory_estimate_refuses_models_that_do_not_fit(tiny_dir, monkeypatch):
@@ -228,7 +229,7 @@ def test_tokenizer_mismatch_names_both_models(tmp_path):
 
 def test_runtime_choice_on_cpu():
     runtime = choose_runtime("cpu")
-    assert runtime.dtype == torch.float32 and runtime.attn_implementation == "sdpa" and runtime.supports_tree_mask
+    assert runtime.dtype == torch.float32 and runtime.attn_implementation == "sdpa"
     with pytest.raises(SpecvizError):
         choose_runtime("tpu")
 
@@ -252,11 +253,13 @@ def test_attention_backend_choice(monkeypatch):
     for installed in (True, False):  # CUDA: the cascade (its prefix kernel is chosen apart); elsewhere SDPA
         monkeypatch.setattr(device, "flash_attn_available", lambda installed=installed: installed)
         assert device.choose_attn_implementation("cuda:0", torch.bfloat16) == "specviz_cascade"
-        assert device.choose_attn_implementation("cuda", torch.float32, need_tree_mask=True) == "specviz_cascade"
+        assert device.choose_attn_implementation("cuda", torch.float32) == "specviz_cascade"
         assert device.choose_attn_implementation("cpu", torch.bfloat16) == "sdpa"
         assert device.choose_attn_implementation("mps", torch.float16) == "sdpa"
-    assert device.Runtime("cuda", torch.bfloat16, "specviz_cascade").supports_tree_mask
-    assert not device.Runtime("cuda", torch.bfloat16, "flash_attention_2").supports_tree_mask
+    from specviz.engine.attention import MASK_CAPABLE, SHARED_PREFIX_MASK_CAPABLE
+
+    chosen = {device.choose_attn_implementation(d, torch.float32) for d in ("cuda", "cpu", "mps")}
+    assert chosen <= MASK_CAPABLE | SHARED_PREFIX_MASK_CAPABLE  # every backend chosen takes the tree mask
     assert device.choose_dtype("cpu") == torch.float32 and device.choose_dtype("cpu", "bf16") == torch.bfloat16
 
 

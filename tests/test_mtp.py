@@ -21,7 +21,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from specviz.drafters import mtp_layouts as layouts
 from specviz.drafters import registry
-from specviz.drafters.eagle_layouts import TargetShape
+from specviz.drafters.checkpoint_files import TargetShape
 from specviz.drafters.mtp import MtpDrafter, MtpStack, build_stack, load_stack, new_stack, save_stack
 from specviz.engine import accept as accept_module
 from specviz.engine.drafter import DraftBudget

@@ -151,7 +151,8 @@ def test_cli_ui_and_train_read_the_registry():
     generate = next(a for a in parser._actions if hasattr(a, "choices") and a.choices and "generate" in a.choices)
     drafter = next(a for a in generate.choices["generate"]._actions if a.dest == "drafter")
     assert all(f.syntax in drafter.help for f in registry.families())
-    assert runner.drafter_choices("smollm2-135m") == [s for _, specs in registry.menu("smollm2-135m") for s in specs]
+    assert [spec for _, spec in runner.drafter_menu("smollm2-135m")] == [
+        s for _, specs in registry.menu("smollm2-135m") for s in specs]
     labels = dict((spec, label) for label, spec in runner.drafter_menu("smollm2-135m"))
     assert labels["ngram"].startswith("n-gram lookup")
     assert set(registry.trainers()) <= set(TRAINERS) and "draft-lm" in registry.trainers()
@@ -199,9 +200,9 @@ def test_a_new_family_needs_no_edit_elsewhere(target, echo_family, capsys):
                     api.GenerationConfig(max_new_tokens=8))
     plain = api.plain_decode(target, [3, 4, 5, 3, 4], api.GenerationConfig(max_new_tokens=8))
     assert run.run().token_ids == plain.token_ids  # lossless whatever it drafts
-    assert configs.parse_drafters("ngram,echo:3") == ["ngram", "echo:3"]
+    assert registry.parse_list("ngram,echo:3", "--drafters") == ["ngram", "echo:3"]
     assert "echo" in registry.default_specs("smollm2-135m")
-    assert "echo" in runner.drafter_choices("smollm2-135m")
+    assert "echo" in [spec for _, spec in runner.drafter_menu("smollm2-135m")]
     specs = configs.build_specs(["echo"], ["chain"], api.budget_for(settings.validate()), hf=True)
     assert [s.name for s in specs] == ["echo chain k=2", "hf generate (plain)"]  # no transformers counterpart
     with pytest.raises(SpecvizError, match="echo takes a count"):

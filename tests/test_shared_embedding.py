@@ -88,6 +88,13 @@ def test_a_draft_paired_with_another_donor_is_refused(target_dir, tmp_path):
         clear_cache()
         with pytest.raises(SpecvizError, match=message):
             load_model(str(export), role="draft")
+    config[CONFIG_KEY]["from"] = str(target_dir)
+    for corrupt in (["x"] * 4, "abc", [True]):  # a hand-edited fingerprint: one line, no TypeError
+        config[CONFIG_KEY]["fingerprint"] = corrupt
+        config_path.write_text(json.dumps(config))
+        clear_cache()
+        with pytest.raises(SpecvizError, match="is not the one this draft was trained with"):
+            load_model(str(export), role="draft")
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -97,6 +97,21 @@ EDITED = {
     "a header config that is not an object": (0, lambda o: o.update(config=5), "'config'"),
     "a summary prefill as text": (-1, lambda o: o.update(prefill_ms="abc"), "'prefill_ms'"),
     "a summary baseline speed as text": (-1, lambda o: o.update(baseline={"tokens_per_s": "fast"}), "'baseline'"),
+    "a draw at a node not in the tree": (1, lambda o: o.update(draws=[{"parent": -1, "node": 99, "accepted": False}]),
+                                         "draw"),
+    "a draw without its verdict": (1, lambda o: o.update(draws=[{"parent": -1, "node": 0, "u": 0.5}]), "draw"),
+    "a draw at a list of nodes": (1, lambda o: o.update(draws=[{"parent": -1, "node": [1], "accepted": True}]),
+                                  "draw"),
+    "a draw's coin as text": (1, lambda o: o.update(draws=[{"parent": -1, "node": 0, "accepted": True, "u": "x"}]),
+                              "draw"),
+    "an empty pruned record": (1, lambda o: o.setdefault("meta", {}).update(pruned=[{}]), "meta.pruned"),
+    "pruned nodes as text": (1, lambda o: o.setdefault("meta", {}).update(pruned="x"), "meta.pruned"),
+    "a pruned confidence as text": (1, lambda o: o.setdefault("meta", {}).update(pruned=[
+        {"token": 3, "depth": 1, "q": 0.5, "confidence": "high", "parent": -1, "pruned_parent": None}]), "meta.pruned"),
+    "a pruned node hanging off a later one": (1, lambda o: o.setdefault("meta", {}).update(pruned=[
+        {"token": 3, "depth": 2, "q": 0.5, "confidence": 0.2, "parent": None, "pruned_parent": 0}]), "meta.pruned"),
+    "a budget's stop threshold as text": (0, lambda o: o["budget"].update(min_draft_prob="x"), "'budget'"),
+    "a temperature as text": (0, lambda o: o["config"].update(temperature="hot"), "'config'"),
 }
 
 

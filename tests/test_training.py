@@ -442,6 +442,7 @@ def test_one_feature_extraction_serves_every_family_that_reads_a_subset_of_its_l
     capsys.readouterr()
     assert main(["medusa", *common, "--out", str(tmp_path / "bad"), "--set", "heads=2"]) == 2
     assert "expected KEY=VALUE with KEY one of" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before the run folder (and its log) is made
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark", "eagle", "eagle3", "mtp", "medusa"])

@@ -171,6 +171,10 @@ def test_app_replays_a_trace_with_no_model(served, tmp_path):
     out = client.predict(gradio_client.handle_file(str(examples.TRACES / name)), api_name="/upload_trace")
     assert f"replay of {name}" in out[0]
     assert "sv-accepted" in out[5] or "sv-correction" in out[5]
+    header_only = tmp_path / "header-only.jsonl"  # a run stopped before its first round: valid, and said so
+    header_only.write_text((examples.TRACES / name).read_text().splitlines()[0] + "\n")
+    out = client.predict(gradio_client.handle_file(str(header_only)), api_name="/upload_trace")
+    assert "no rounds" in out[0]
 
 
 def test_app_stop_mid_run(served):
@@ -184,6 +188,52 @@ def test_app_stop_mid_run(served):
     assert "Stopped by you after" in stopped[0]
     time.sleep(1.0)  # the stopped run's own callback must not draw a last frame over Stop's (it once said "Done")
     assert not any("Done" in str(o[0]) for o in job.outputs())
+
+
+def test_app_run_replaced_by_chain_vs_tree_says_so(served):
+    """Chain vs Tree in the same session takes the engine from a streaming Playground run; that run's last frame
+    must say it was stopped, not stay on "Generating" forever."""
+    gradio_client, url = served
+    client = gradio_client.Client(url, verbose=False)
+    job = client.submit(*settings_args(target="tiny-slow", max_new_tokens=500), api_name="/run")
+    deadline = time.time() + 60
+    while time.time() < deadline and not any("Generating" in str(o[0]) for o in job.outputs()):
+        time.sleep(0.05)
+    client.predict(False, "", "", *settings_args(target="tiny-slow", max_new_tokens=6), api_name="/compare")
+    last = job.result(timeout=60)[0]
+    assert "another run started in this browser session" in last and "Generating" not in last
+
+
+def test_run_and_compare_clicks_during_a_run_are_not_dropped():
+    """Gradio drops a click on a button whose event is still pending unless trigger_mode is "multiple": Run with a
+    new drafter mid-run would do nothing at all. The newer run supersedes the older one instead."""
+    from specviz.ui.app import build_app
+
+    modes = {d.get("api_name"): d.get("trigger_mode") for d in build_app().config["dependencies"]}
+    assert modes["run"] == "multiple" and modes["compare"] == "multiple"
+
+
+def test_token_panels_follow_the_stream():
+    """The token panels' scroll box is redrawn on every update; their script scrolls it to the newest tokens (or
+    the selected round), else a streamed run's new tokens sit below the fold."""
+    from specviz.ui.app import build_app
+    from specviz.ui.views import FOLLOW_TOKENS_JS
+
+    components = build_app().config["components"]
+    scripts = {c["props"].get("elem_id"): c["props"].get("js_on_load") for c in components}
+    for elem_id in ("tokens", "replay-tokens", "compare-chain-tokens", "compare-tree-tokens"):
+        assert scripts[elem_id] == FOLLOW_TOKENS_JS, elem_id
+    assert "sv-caret" in FOLLOW_TOKENS_JS and "sv-sel" in FOLLOW_TOKENS_JS
+
+
+def test_stopped_status_counts_in_words():
+    from specviz.ui import streaming
+    from tests.test_viz import make_round
+
+    record = RunRecord(header={})
+    record.rounds.append(make_round([-1], []))  # one round, one committed token
+    message, level = streaming.final_status(record, stopped=True)
+    assert "after 1 round (1 token)" in message and level == "warning"
 
 
 def test_model_drafter_rounds_feed_every_view(tiny_targets, tmp_path):
@@ -389,3 +439,16 @@ def test_the_page_opens_on_the_default_drafter_at_the_default_settings():
     record = examples.load_trace(examples.DEFAULT_TRACE)  # app.py would fall back silently were it missing
     assert record.rounds and record.header["drafter"]["name"] == registry.default_for(settings.default("target"))
     assert record.header["budget"] == api.budget_for(settings.validate()).to_dict()
+
+
+def test_plain_decoding_for_a_record_uses_the_forward_it_ran_with():
+    """"Measure plain decoding" after the panel switched the target's forward must still time the run's own kernels
+    (and prompt, sampling): otherwise the speedup compares two implementations."""
+    from specviz.ui.playground import recorded_settings
+
+    record = RunRecord(header={"target": {"name": "tiny", "forward": "hf"}, "prompt": {"text": "w1 w2"},
+                               "config": {"max_new_tokens": 9, "temperature": 0.5, "seed": 3, "chat": False}})
+    recorded = recorded_settings(record)
+    assert recorded["target_forward"] == "hf" and recorded["prompt"] == "w1 w2" and recorded["max_new_tokens"] == 9
+    assert runner.RunRequest(**{**request(target_forward="fast").to_dict(), **recorded}).target_forward == "hf"
+    assert "target_forward" not in recorded_settings(RunRecord(header={"target": {"name": "t", "forward": "??"}}))

@@ -15,7 +15,7 @@ from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, committ
 from specviz.viz.record import RunRecord
 from specviz.viz.text import html_token, label, visible
 from specviz.viz.tokens import tokens_html
-from specviz.viz.tree_figure import EXTRA, MAX_PRUNED_SHOWN, ROOT, tree_figure, tree_layout
+from specviz.viz.tree_figure import EXTRA, MAX_PRUNED_SHOWN, ROOT, tree_figure, tree_layout, tree_spec
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -116,6 +116,16 @@ def test_tree_figure_bonus_and_chain_layout():
     assert len({pos[n][1] for n in (ROOT, 0, 1, 2, EXTRA)}) == 1  # a chain is a straight line
 
 
+def test_selection_ring_is_drawn_under_the_node_labels():
+    """The debugger rings the selected node; drawn over the nodes, its outline crossed out the node's own label."""
+    r = make_round([-1, -1, 0], [0], texts=[")", "t1", "t2"])
+    spec = tree_spec(r, selected=1)
+    names = [t.get("name") for t in spec["data"]]
+    ring = names.index("selected")
+    labelled = [i for i, t in enumerate(spec["data"]) if "text" in t.get("mode", "")]
+    assert labelled and ring < min(labelled)
+
+
 def test_tree_figure_escapes_token_text():
     r = make_round([-1, 0], [0], texts=["<script>alert(1)</script>", XSS], extra_text="<b>")
     data = json.dumps(tree_figure(r, root_text="</div>").to_plotly_json()["data"])
@@ -132,6 +142,21 @@ def test_tree_figure_64_nodes():
     fig = tree_figure(random_tree(64, 2))
     points = sum(len(t.x) for t in fig.data if t.name in OUTCOME_LABELS.values())
     assert points == 65  # 64 nodes + the extra token (draw time is measured by specviz/ui/perf.py, not asserted)
+
+
+def test_a_crowded_tree_keeps_labels_only_where_the_target_judged():
+    """At the node budget's upper end the leaf rows are a few pixels apart: never-reached labels would print over
+    each other, so they move to the hover text; accepted, rejected and the extra token keep theirs."""
+    def modes(round_):
+        spec = tree_spec(round_)
+        return {t["name"]: t["mode"] for t in spec["data"] if t.get("name") in OUTCOME_LABELS.values()}
+
+    fan = make_round([-1] * 8 + [i % 8 for i in range(120)], [0])  # 8 first drafts, 120 grandchildren
+    crowded = modes(fan)
+    assert crowded[OUTCOME_LABELS[Outcome.UNREACHED]] == "markers"
+    for outcome in (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.CORRECTION):
+        assert crowded[OUTCOME_LABELS[outcome]] == "markers+text", outcome
+    assert modes(make_round([-1, 0, 0, 1], [0]))[OUTCOME_LABELS[Outcome.UNREACHED]] == "markers+text"
 
 
 def test_tree_figure_draws_pruned_nodes_faded_and_capped():

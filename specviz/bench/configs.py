@@ -44,11 +44,6 @@ class RunSpec:
         return f"{self.drafter} {self.draft_quant}"
 
 
-def parse_drafters(text: str) -> list[str]:
-    """``"ngram,model:x"`` -> specs; unknown families and duplicates fail before any model is loaded."""
-    return registry.parse_list(text, "--drafters")
-
-
 def parse_shapes(text: str) -> list[str]:
     parts = [part.strip() for part in (text or "").split(",")]
     shapes = [part for part in parts if part]

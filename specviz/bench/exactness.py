@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specviz import api
+from specviz import api, outputs
 from specviz.bench.prompts import DEFAULT_PROMPTS, load_prompts, select
 from specviz.errors import SpecvizError
 
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     try:
+        if args.out is not None:  # a bad path fails now, not after the comparison
+            outputs.output_file(args.out, "--out")
         fast = api.load_target(args.target, target_forward="fast")
         reference = api.load_target(args.target, target_forward="hf")
         prompts = select(load_prompts(args.prompts), None, args.limit_per_category)
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     same = sum(r["identical"] for r in rows)
     print(f"{same}/{len(rows)} prompts identical to transformers' generate over {args.max_new_tokens} tokens")
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0
 

@@ -38,11 +38,6 @@ class RunResult:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def lean(config: GenerationConfig) -> GenerationConfig:
-    """The benchmark's records: no top-k lists, entropies or texts (views need them; timing should not pay)."""
-    return config.lean()
-
-
 def run_specviz(
     target: Target,
     prompt_ids: list[int],
@@ -54,7 +49,7 @@ def run_specviz(
     clock = Clock(target.device)
     gc.collect()
     start = clock()
-    run = Generation(target, prompt_ids, lean(config), drafter, budget).run()
+    run = Generation(target, prompt_ids, config.lean(), drafter, budget).run()  # timing does not pay for views' detail
     wall = clock() - start
     return RunResult(list(run.token_ids), wall, run.rounds, run.prefill_ms, len(run.rounds))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -20,6 +20,22 @@ from specviz.errors import SpecvizError
 
 #: Files fetched from the hub for a drafter checkpoint besides config.json.
 DEFAULT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What a head must agree with: the target's hidden size, decoder layer count and vocabulary (logits width)."""
+
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config, vocab_size: int | None = None) -> TargetShape:
+        """From a transformers config (or a dict); ``vocab_size`` overrides the config's (a padded logits width)."""
+        get = config.get if isinstance(config, dict) else lambda name, default=None: getattr(config, name, default)
+        return cls(int(get("hidden_size")), int(get("num_hidden_layers")), int(vocab_size or get("vocab_size")))
+
 
 
 def shipped_dir(target: str, kind: str) -> Path:
@@ -99,6 +115,76 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     if not binary.is_file():
         raise SpecvizError(f"no model.safetensors or pytorch_model.bin in {folder}")
     return load_pickle(binary)
+
+
+def _safetensors_files(folder: Path) -> dict[Path, list[str]] | None:
+    """Safetensors file -> its tensor names (from the headers or the index), or None when there are none."""
+    from specviz.models.safetensors_check import tensor_shapes
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise SpecvizError(f"{index} is not a valid safetensors index ({error})") from None
+        files: dict[Path, list[str]] = {}
+        for name, file in weight_map.items():
+            files.setdefault(folder / file, []).append(name)
+        return files
+    found = sorted(folder.glob("*.safetensors"))
+    return {file: list(tensor_shapes(file)) for file in found} or None
+
+
+def _pickle_file(folder: Path, names: tuple[str, ...]) -> Path | None:
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
+def tensor_index(folder: Path, pickles: tuple[str, ...] = ("pytorch_model.bin",)
+                 ) -> tuple[dict[str, tuple[int, ...]], Callable[[Callable[[str], bool]], dict[str, torch.Tensor]]]:
+    """(name -> shape of every tensor, ``read(keep)``) for a folder's weights, reading headers only until
+    ``read`` loads the tensors whose names ``keep`` accepts (only the shards that hold them).
+
+    Safetensors are preferred (single file, sharded index or any ``*.safetensors``); ``pickles`` (e.g.
+    ``pytorch_model.bin``) load only through ``torch.load(weights_only=True)``.
+    """
+    from safetensors import safe_open
+
+    from specviz.models.safetensors_check import tensor_shapes
+
+    files = _safetensors_files(folder)
+    if files:
+        shapes: dict[str, tuple[int, ...]] = {}
+        for file, names in files.items():
+            header = tensor_shapes(file)
+            missing = [n for n in names if n not in header]
+            if missing:
+                raise SpecvizError(f"{file.name} lacks {missing[0]}, which the index says it holds")
+            shapes.update({n: tuple(header[n]) for n in names})
+
+        def read(keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+            out: dict[str, torch.Tensor] = {}
+            for file, names in files.items():
+                wanted = [n for n in names if keep(n)]
+                if wanted:
+                    with safe_open(str(file), framework="pt") as handle:
+                        out.update({n: handle.get_tensor(n) for n in wanted})
+            return out
+        return shapes, read
+    pickle = _pickle_file(folder, pickles)
+    if pickle is None:
+        raise SpecvizError(f"no safetensors weights (or {' / '.join(pickles)}) in {folder}")
+    loaded = load_pickle(pickle)
+    return {k: tuple(v.shape) for k, v in loaded.items()}, lambda keep: {k: v for k, v in loaded.items() if keep(k)}
+
+
+def write(folder: Path, config: dict, tensors: dict[str, torch.Tensor], filename: str = "model.safetensors") -> Path:
+    """config.json plus one safetensors file."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(folder / filename))
+    return folder
 
 
 def resolve_source(source: str | Path, what: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS,

@@ -52,14 +52,22 @@ from specviz.drafters import dflash_layouts as layouts
 from specviz.drafters.checkpoint_files import read_tensors
 from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash_layouts import BlockSpec
-from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rotate_half, target_parts
+from specviz.drafters.head_parts import (
+    Attention,
+    GatedMLP,
+    drafting_copy,
+    fresh,
+    inference_copy,
+    rotate_half,
+    target_parts,
+)
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine import cost_curve
 from specviz.engine.accept import argmax_rows
 from specviz.engine.cost_curve import CostCurve
 from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.features import TargetFeatures
+from specviz.engine.features import NUMBERING, TargetFeatures
 from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig, probabilities, sample
 from specviz.engine.target import Target
@@ -73,27 +81,14 @@ TITLES = {"dflash": "DFlash block drafter", "dspark": "DSpark block drafter"}
 #: at a block position it can only mean "to be filled". docs/dflash.md says why this one.
 MASK_TOKEN_TEXT = "<empty_output>"
 SMOLLM2_MASK_TOKEN_ID = 16
-#: Feature numbering, for ``describe``.
-NUMBERING = "hidden_states index (0 = embeddings, i = output of decoder layer i-1)"
 
 
 # ---- the backbone -------------------------------------------------------------------------------------------------
-class _Attention(nn.Module):
-    def __init__(self, spec: BlockSpec):
-        super().__init__()
-        q, kvw = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        self.q_proj = nn.Linear(spec.hidden_size, q, bias=False)
-        self.k_proj = nn.Linear(spec.hidden_size, kvw, bias=False)
-        self.v_proj = nn.Linear(spec.hidden_size, kvw, bias=False)
-        self.o_proj = nn.Linear(q, spec.hidden_size, bias=False)
-        self.q_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
-        self.k_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
-
-
 class _Layer(nn.Module):
     def __init__(self, spec: BlockSpec):
         super().__init__()
-        self.self_attn = _Attention(spec)
+        self.self_attn = Attention(spec.hidden_size, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                                   qk_norm=True, eps=spec.rms_norm_eps)
         self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
@@ -374,12 +369,12 @@ def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = Non
 def _check_same_target(config: dict, borrowed: dict[str, torch.Tensor], embedding: torch.Tensor,
                        output: torch.Tensor) -> None:
     """The recorded fingerprint (ours) or the carried copies (DeepSpec) must be this target's tensors."""
-    from specviz.models.shared_embedding import fingerprint, spec_of
+    from specviz.models.shared_embedding import check_fingerprint, fingerprint, spec_of
 
     record = spec_of(config)
     if record is not None:
         donor = record.get("from", "another target")
-        _same(embedding, record.get("fingerprint") or [],
+        check_fingerprint(embedding, record.get("fingerprint") or [],
               f"it was trained for {donor}: the target's embedding is not the one it was trained with")
     for key, mine in ((layouts.EMBEDDING_KEY, embedding), (layouts.OUTPUT_KEY, output)):
         stored = borrowed.get(key)
@@ -387,17 +382,8 @@ def _check_same_target(config: dict, borrowed: dict[str, torch.Tensor], embeddin
             continue
         if tuple(stored.shape) != tuple(mine.shape):
             raise SpecvizError(f"its {key} is {list(stored.shape)}, the target's {list(mine.shape)}")
-        _same(mine, fingerprint(stored), f"it was trained for another model: its {key} is not this target's")
-
-
-def _same(tensor: torch.Tensor, expected: list[float], message: str) -> None:
-    """``tensor``'s fingerprint matches ``expected`` within a bf16 copy's rounding, else ``message``."""
-    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint
-
-    found = fingerprint(tensor)
-    if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
-                                          for a, b in zip(found, expected, strict=True)):
-        raise SpecvizError(message)
+        check_fingerprint(mine, fingerprint(stored),
+                          f"it was trained for another model: its {key} is not this target's")
 
 
 # ---- the drafters -------------------------------------------------------------------------------------------------

@@ -39,8 +39,7 @@ from pathlib import Path
 
 import torch
 
-from specviz.drafters.checkpoint_files import read_config, rope_of, spec_from_dict  # noqa: F401 - re-exported
-from specviz.drafters.eagle_layouts import TargetShape
+from specviz.drafters.checkpoint_files import TargetShape, read_config, rope_of, spec_from_dict  # noqa: F401 - re-exported
 from specviz.errors import SpecvizError
 
 DIALECTS = ("specviz", "zlab-dflash", "deepspec", "specforge-dspark")

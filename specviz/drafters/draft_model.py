@@ -27,7 +27,7 @@ from specviz.drafters.lean_llama import lean_forward_for
 from specviz.drafters.quantized import resolve_draft_quant
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
-from specviz.engine.drafter import DraftBudget, Drafter
+from specviz.engine.drafter import DRAFT_ROOM, DraftBudget, Drafter
 from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
@@ -70,7 +70,8 @@ class DraftModelDrafter(Drafter):
                 "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     def begin(self, prompt_ids: list[int]) -> None:
-        self._cache = kv.new_cache(self.model, len(prompt_ids) + MAX_NEW_TOKENS + 64, self.name, preallocate=True)
+        capacity = len(prompt_ids) + MAX_NEW_TOKENS + DRAFT_ROOM
+        self._cache = kv.new_cache(self.model, capacity, self.name, preallocate=True)
         self._cached = []
         self._fed = {}
 

@@ -33,11 +33,19 @@ from transformers import DynamicCache
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
 from specviz.drafters.eagle_layouts import HeadSpec
-from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rope_attention, target_parts
+from specviz.drafters.head_parts import (
+    Attention,
+    GatedMLP,
+    drafting_copy,
+    fresh,
+    inference_copy,
+    rope_attention,
+    target_parts,
+)
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
-from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.features import TargetFeatures
+from specviz.engine.drafter import DRAFT_ROOM, DraftBudget, Drafter
+from specviz.engine.features import NUMBERING, TargetFeatures
 from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
@@ -45,18 +53,6 @@ from specviz.errors import SpecvizError
 
 KINDS = ("eagle", "eagle3")
 TITLES = {"eagle": "EAGLE-1 head", "eagle3": "EAGLE-3 head"}
-#: Head KV positions a round may add beyond the committed text (every expanded frontier node).
-TREE_ROOM = 16 * 32 + 8
-
-
-class _Attention(nn.Module):
-    def __init__(self, spec: HeadSpec):
-        super().__init__()
-        q, kvw = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        self.q_proj = nn.Linear(spec.attention_in, q, bias=False)
-        self.k_proj = nn.Linear(spec.attention_in, kvw, bias=False)
-        self.v_proj = nn.Linear(spec.attention_in, kvw, bias=False)
-        self.o_proj = nn.Linear(q, spec.hidden_size, bias=False)
 
 
 class _Layer(nn.Module):
@@ -64,7 +60,8 @@ class _Layer(nn.Module):
 
     def __init__(self, spec: HeadSpec):
         super().__init__()
-        self.self_attn = _Attention(spec)
+        self.self_attn = Attention(spec.attention_in, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
+                                   spec.head_dim)
         self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         if spec.kind == "eagle3":
@@ -369,7 +366,7 @@ def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) 
 
 
 def _check_same_target(config: dict, stored: torch.Tensor | None, embedding: torch.Tensor) -> None:
-    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint, spec_of
+    from specviz.models.shared_embedding import check_fingerprint, fingerprint, spec_of
 
     record = spec_of(config)
     if record is not None:
@@ -380,10 +377,8 @@ def _check_same_target(config: dict, stored: torch.Tensor | None, embedding: tor
         expected, donor = fingerprint(stored), "another model"
     else:
         return  # nothing recorded: the shape checks are all there is
-    found = fingerprint(embedding)
-    if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
-                                          for a, b in zip(found, expected, strict=True)):
-        raise SpecvizError(f"it was trained for {donor}: the target's embedding is not the one it was trained with")
+    check_fingerprint(embedding, expected,
+                      f"it was trained for {donor}: the target's embedding is not the one it was trained with")
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
@@ -418,7 +413,7 @@ class EagleDrafter(Drafter):
     def describe(self) -> dict:
         spec = self.head.spec
         return {"name": self.name, "kind": spec.kind, "feature_layers": list(self.feature_layers),
-                "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
+                "feature_numbering": NUMBERING,
                 "draft_vocab": spec.draft_vocab_size if spec.reduced_vocab else None,
                 "stochastic_tree": self.stochastic_tree,
                 "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
@@ -429,7 +424,7 @@ class EagleDrafter(Drafter):
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._cache = DynamicCache()  # one preallocated layer: a rollback is a length change
-        self._cache.layers.append(kv.PreallocatedLayer(len(prompt_ids) + MAX_NEW_TOKENS + TREE_ROOM))
+        self._cache.layers.append(kv.PreallocatedLayer(len(prompt_ids) + MAX_NEW_TOKENS + DRAFT_ROOM))
         self._fed, self._pending, self._features_end = 0, [], 0
         self._tokens, self._last = [int(prompt_ids[0])] if prompt_ids else [], None
 

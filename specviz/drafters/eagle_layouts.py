@@ -42,7 +42,13 @@ from pathlib import Path
 
 import torch
 
-from specviz.drafters.checkpoint_files import read_config, read_tensors, rope_of, spec_from_dict  # noqa: F401 - re-exported
+from specviz.drafters.checkpoint_files import (  # noqa: F401 - read_* and rope_of re-exported
+    TargetShape,
+    read_config,
+    read_tensors,
+    rope_of,
+    spec_from_dict,
+)
 from specviz.errors import SpecvizError
 
 DIALECTS = ("specviz", "eagle1-official", "eagle3-official", "eagle3-specforge", "eagle3-speculators")
@@ -121,21 +127,6 @@ class HeadSpec:
     @classmethod
     def from_dict(cls, data: dict) -> HeadSpec:
         return spec_from_dict(cls, data, SPEC_KEY, ("feature_layers",))
-
-
-@dataclass(frozen=True)
-class TargetShape:
-    """What a head must agree with: the target's hidden size, decoder layer count and vocabulary (logits width)."""
-
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
-
-    @classmethod
-    def of(cls, config, vocab_size: int | None = None) -> TargetShape:
-        """From a transformers config (or a dict); ``vocab_size`` overrides the config's (a padded logits width)."""
-        get = config.get if isinstance(config, dict) else lambda name, default=None: getattr(config, name, default)
-        return cls(int(get("hidden_size")), int(get("num_hidden_layers")), int(vocab_size or get("vocab_size")))
 
 
 def default_feature_layers(kind: str, num_layers: int) -> tuple[int, ...]:

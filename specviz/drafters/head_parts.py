@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specviz.drafters.eagle_layouts import TargetShape
+from specviz.drafters.checkpoint_files import TargetShape
 from specviz.drafters.quantized import (
     Projection,
     check_draft_quant,
@@ -36,6 +36,24 @@ def target_parts(model: nn.Module) -> tuple[TargetShape, torch.Tensor, nn.Module
         raise SpecvizError(f"{type(model).__name__} has no output layer a drafter can borrow")
     shape = TargetShape.of(config, vocab_size=int(output.weight.shape[0]))
     return shape, model.get_input_embeddings().weight, output
+
+
+class Attention(nn.Module):
+    """A decoder layer's attention projections, named as in transformers' Llama (``q_proj`` … ``o_proj``), reading
+    ``in_features`` (EAGLE-3's layer reads 2H); ``bias`` on q/k/v (Qwen2), ``qk_norm`` per head (Qwen3, DFlash).
+    The forward is each drafter's own (``rope_attention``)."""
+
+    def __init__(self, in_features: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
+                 bias: bool = False, qk_norm: bool = False, eps: float = 1e-6):
+        super().__init__()
+        q, kv = num_heads * head_dim, num_kv_heads * head_dim
+        self.q_proj = nn.Linear(in_features, q, bias=bias)
+        self.k_proj = nn.Linear(in_features, kv, bias=bias)
+        self.v_proj = nn.Linear(in_features, kv, bias=bias)
+        self.o_proj = nn.Linear(q, hidden_size, bias=False)
+        if qk_norm:
+            self.q_norm = nn.RMSNorm(head_dim, eps=eps)
+            self.k_norm = nn.RMSNorm(head_dim, eps=eps)
 
 
 class GatedMLP(nn.Module):

@@ -33,13 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specviz.drafters import checkpoint_files, dynamic_tree, mtp_layouts
+from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import medusa_layouts as layouts
 from specviz.drafters.head_parts import drafting_copy, inference_copy, output_projection, target_parts
 from specviz.drafters.medusa_layouts import MedusaSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.features import TargetFeatures
+from specviz.engine.features import NUMBERING, TargetFeatures
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
@@ -192,14 +192,14 @@ def save_heads(heads: MedusaHeads, folder: Path, *, target_name: str, layout: st
         config[layouts.CHOICES_KEY] = [list(c) for c in check_choices(choices)]
     config.update(extra or {})
     filename = layouts.MEDUSA_FILES[0] if layout == "medusa" else "model.safetensors"
-    return mtp_layouts.write(Path(folder), config, tensors, filename)
+    return checkpoint_files.write(Path(folder), config, tensors, filename)
 
 
 def load_heads(source: str | Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
     """Heads (and their shipped tree choices, if any) from a folder or hub id in any supported layout, checked
     against the target ``model``; every error is one line naming the source."""
-    folder, name = mtp_layouts.resolve_source(source, "Medusa heads", ("*.safetensors", "medusa_lm_head.pt",
-                                                                       "pytorch_model.bin"))
+    folder, name = checkpoint_files.resolve_source(source, "Medusa heads", ("*.safetensors", "medusa_lm_head.pt",
+                                                                            "pytorch_model.bin"))
     try:
         return _load(folder, model)
     except SpecvizError as error:
@@ -208,8 +208,8 @@ def load_heads(source: str | Path, model: nn.Module) -> tuple[MedusaHeads, Choic
 
 def _load(folder: Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
     shape, embedding, output = target_parts(model)
-    config = mtp_layouts.read_config(folder, "Medusa")
-    shapes, read = mtp_layouts.tensor_index(folder, pickles=(layouts.MEDUSA_FILES[1], "pytorch_model.bin"))
+    config = checkpoint_files.read_config(folder, "Medusa")
+    shapes, read = checkpoint_files.tensor_index(folder, pickles=(layouts.MEDUSA_FILES[1], "pytorch_model.bin"))
     if "medusa_num_heads" in config and any(k.startswith("medusa_head.") for k in shapes):
         shapes = {k: s for k, s in shapes.items() if k.startswith("medusa_head.")}  # a Medusa-2 full model
     dialect = layouts.dialect_of(config, set(shapes))
@@ -224,16 +224,14 @@ def _load(folder: Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
 def _check_same_target(config: dict, embedding: torch.Tensor) -> None:
     """Our folders record the target embedding's fingerprint (the target's identity, as every borrowing drafter
     does): heads trained for another model would draft garbage."""
-    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint, spec_of
+    from specviz.models.shared_embedding import check_fingerprint, spec_of
 
     record = spec_of(config)
-    if record is None or not record.get("fingerprint"):
+    if record is None or not record.get("fingerprint"):  # exported without the target's embedding at hand
         return
-    found, expected = fingerprint(embedding), record["fingerprint"]
-    if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
-                                          for a, b in zip(found, expected)):
-        raise SpecvizError(f"they were trained for {record.get('from', 'another target')}: the target's embedding is "
-                           f"not the one they were trained with")
+    donor = record.get("from", "another target")
+    check_fingerprint(embedding, record["fingerprint"],
+                      f"they were trained for {donor}: the target's embedding is not the one they were trained with")
 
 
 def _borrow_equal_heads(spec: MedusaSpec, state: dict[str, torch.Tensor], output: nn.Module
@@ -253,24 +251,30 @@ def _borrow_equal_heads(spec: MedusaSpec, state: dict[str, torch.Tensor], output
 
 
 # ---- tree choices -----------------------------------------------------------------------------------------------
+EXAMPLE_CHOICES = "[[0], [0, 0], [1]]"
+
+
+def _is_rank(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def check_choices(choices: Iterable[Sequence[int]]) -> Choices:
     """Medusa's format: non-empty rank paths, each one's parent path listed before it; one-line error otherwise."""
+    if isinstance(choices, str | bytes) or not isinstance(choices, Iterable):
+        raise SpecvizError(f"Medusa choices must be a list of lists of ranks, e.g. {EXAMPLE_CHOICES}")
     out: list[tuple[int, ...]] = []
     seen: set[tuple[int, ...]] = set()
-    try:
-        for raw in choices:
-            path = tuple(int(r) for r in raw)
-            if not path or any(r < 0 for r in path) or any(not isinstance(r, int) or isinstance(r, bool)
-                                                            for r in raw):
-                raise SpecvizError(f"Medusa choice {list(raw)} is not a non-empty list of ranks >= 0")
-            if path in seen:
-                raise SpecvizError(f"Medusa choice {list(path)} is listed twice")
-            if len(path) > 1 and path[:-1] not in seen:
-                raise SpecvizError(f"Medusa choice {list(path)} comes before its parent {list(path[:-1])}")
-            seen.add(path)
-            out.append(path)
-    except TypeError:
-        raise SpecvizError("Medusa choices must be a list of lists of ranks, e.g. [[0], [0, 0], [1]]") from None
+    for raw in choices:
+        if not isinstance(raw, list | tuple) or not raw or any(not _is_rank(r) for r in raw):
+            raise SpecvizError(f"Medusa choice {raw!r} is not a non-empty list of ranks >= 0 (choices are a list of "
+                               f"lists of ranks, e.g. {EXAMPLE_CHOICES})")
+        path = tuple(raw)
+        if path in seen:
+            raise SpecvizError(f"Medusa choice {list(path)} is listed twice")
+        if len(path) > 1 and path[:-1] not in seen:
+            raise SpecvizError(f"Medusa choice {list(path)} comes before its parent {list(path[:-1])}")
+        seen.add(path)
+        out.append(path)
     return tuple(out)
 
 
@@ -354,7 +358,7 @@ class MedusaDrafter(Drafter):
 
     def describe(self) -> dict:
         return {"name": self.name, "heads": self.heads.num_heads, "feature_layers": list(self.feature_layers),
-                "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
+                "feature_numbering": NUMBERING,
                 "choices": None if self.choices is None else [list(c) for c in self.choices],
                 "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 

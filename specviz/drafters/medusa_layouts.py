@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specviz.drafters.checkpoint_files import spec_from_dict
-from specviz.drafters.eagle_layouts import TargetShape
+from specviz.drafters.checkpoint_files import TargetShape, spec_from_dict
 from specviz.errors import SpecvizError
 
 DIALECTS = ("specviz", "medusa", "vllm")

@@ -33,45 +33,40 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
-from specviz.drafters.head_parts import GatedMLP, drafting_copy, fresh, inference_copy, rope_attention, target_parts
+from specviz.drafters.head_parts import (
+    Attention,
+    GatedMLP,
+    drafting_copy,
+    fresh,
+    inference_copy,
+    rope_attention,
+    target_parts,
+)
 from specviz.drafters.mtp_layouts import MtpSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
-from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.features import TargetFeatures
+from specviz.engine.drafter import DRAFT_ROOM, DraftBudget, Drafter
+from specviz.engine.features import NUMBERING, TargetFeatures
 from specviz.engine.loop import MAX_NEW_TOKENS
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
 
 TITLE = "MTP modules"
-#: Draft rows a round may add to one module's cache: at most one per expanded node (width 16 x depth 32).
-TREE_ROOM = 16 * 32 + 8
 #: Files a hub download of MTP layers needs (besides the shards that hold them).
 HUB_FILES = ("*.safetensors", "pytorch_model.bin")
 
 
 # ---- the modules ------------------------------------------------------------------------------------------------
-class _Attention(nn.Module):
-    def __init__(self, spec: MtpSpec):
-        super().__init__()
-        q, kvw, h = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.hidden_size
-        self.q_proj = nn.Linear(h, q, bias=spec.attention_bias)
-        self.k_proj = nn.Linear(h, kvw, bias=spec.attention_bias)
-        self.v_proj = nn.Linear(h, kvw, bias=spec.attention_bias)
-        self.o_proj = nn.Linear(q, h, bias=False)
-        if spec.qk_norm:
-            self.q_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
-            self.k_norm = nn.RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
-
-
 class _Block(nn.Module):
     """A pre-norm dense decoder layer (Llama; Qwen2's q/k/v bias; Qwen3's q/k norm), as in the target."""
 
     def __init__(self, spec: MtpSpec):
         super().__init__()
         self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.self_attn = _Attention(spec)
+        self.self_attn = Attention(spec.hidden_size, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
+                                   spec.head_dim, bias=spec.attention_bias, qk_norm=spec.qk_norm,
+                                   eps=spec.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
 
@@ -167,7 +162,7 @@ class MtpStack(nn.Module):
             hidden = self.feed(k, out)
         return outs
 
-    def _attend(self, attn: _Attention, x: torch.Tensor, position_ids: torch.Tensor, cache,
+    def _attend(self, attn: Attention, x: torch.Tensor, position_ids: torch.Tensor, cache,
                 mask: torch.Tensor | None) -> torch.Tensor:
         spec = self.spec
         batch, length, _ = x.shape
@@ -288,17 +283,13 @@ def _check_same_target(config: dict, dialect: str, tensors: dict[str, torch.Tens
                        output: nn.Module) -> None:
     """The recorded fingerprint (ours) or the stored copies of the embedding and head (DeepSeek-V3's layout) must
     be this target's: modules trained for another model would draft garbage."""
-    from specviz.models.shared_embedding import FINGERPRINT_RTOL, fingerprint, spec_of
-
-    def same(found: list[float], expected: list[float]) -> bool:
-        return len(found) == len(expected) and all(abs(a - b) <= FINGERPRINT_RTOL * max(abs(b), 1e-6)
-                                                   for a, b in zip(found, expected))
+    from specviz.models.shared_embedding import check_fingerprint, fingerprint, spec_of
 
     record = spec_of(config)
     if record is not None:
-        if not same(fingerprint(embedding), record.get("fingerprint") or []):
-            raise SpecvizError(f"they were trained for {record.get('from', 'another target')}: the target's "
-                               f"embedding is not the one they were trained with")
+        check_fingerprint(embedding, record.get("fingerprint") or [],
+                          f"they were trained for {record.get('from', 'another target')}: the target's embedding is "
+                          f"not the one they were trained with")
         return
     for name, value in tensors.items():
         if dialect != "deepseek-v3" or not name.endswith(layouts.DEEPSEEK_SHARED):
@@ -306,8 +297,8 @@ def _check_same_target(config: dict, dialect: str, tensors: dict[str, torch.Tens
         mine = embedding if name.endswith("embed_tokens.weight") else output.weight
         if tuple(value.shape) != tuple(mine.shape):
             raise SpecvizError(f"its {name} is {list(value.shape)}, the target's {list(mine.shape)}")
-        if not same(fingerprint(mine), fingerprint(value)):
-            raise SpecvizError(f"its {name} is not this target's (they were trained with another model)")
+        check_fingerprint(mine, fingerprint(value), f"its {name} is not this target's (they were trained with "
+                                                    f"another model)")
 
 
 def own_mtp_source(model: nn.Module) -> str | None:
@@ -348,7 +339,7 @@ class MtpDrafter(Drafter):
     def describe(self) -> dict:
         spec = self.stack.spec
         return {"name": self.name, "modules": spec.num_modules, "feature_layers": list(self.feature_layers),
-                "feature_numbering": "hidden_states index (0 = embeddings, i = output of decoder layer i-1)",
+                "feature_numbering": NUMBERING,
                 "trained": "post hoc on a frozen target by specviz, not jointly with the model as published MTP "
                 "layers are" if spec.origin == "post-hoc" else "jointly with the model (published MTP layers)",
                 "stochastic_tree": self.stochastic_tree,
@@ -359,7 +350,7 @@ class MtpDrafter(Drafter):
 
     def begin(self, prompt_ids: list[int]) -> None:
         n = self.stack.num_modules
-        capacity = len(prompt_ids) + MAX_NEW_TOKENS + TREE_ROOM
+        capacity = len(prompt_ids) + MAX_NEW_TOKENS + DRAFT_ROOM
         self._caches = []
         for _ in range(n):
             cache = DynamicCache()  # one preallocated layer: a rollback is a length change

@@ -39,15 +39,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from specviz.drafters import checkpoint_files
-from specviz.drafters.checkpoint_files import load_pickle, read_config, spec_from_dict  # noqa: F401 - re-exported
-from specviz.drafters.eagle_layouts import TargetShape
+from specviz.drafters.checkpoint_files import (  # noqa: F401 - the file helpers re-exported for MTP's callers
+    TargetShape,
+    read_config,
+    spec_from_dict,
+    tensor_index,
+    write,
+)
 from specviz.errors import SpecvizError
 
 DIALECTS = ("specviz", "deepseek-v3", "qwen3-next", "mimo")
@@ -460,76 +464,6 @@ def config_for(spec: MtpSpec, dialect: str, num_layers: int) -> dict:
 
 
 # ---- files ------------------------------------------------------------------------------------------------------
-def _safetensors_files(folder: Path) -> dict[Path, list[str]] | None:
-    """Safetensors file -> its tensor names (from the headers or the index), or None when there are none."""
-    from specviz.models.safetensors_check import tensor_shapes
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise SpecvizError(f"{index} is not a valid safetensors index ({error})") from None
-        files: dict[Path, list[str]] = {}
-        for name, file in weight_map.items():
-            files.setdefault(folder / file, []).append(name)
-        return files
-    found = sorted(folder.glob("*.safetensors"))
-    return {file: list(tensor_shapes(file)) for file in found} or None
-
-
-def _pickle_file(folder: Path, names: tuple[str, ...]) -> Path | None:
-    return next((folder / n for n in names if (folder / n).is_file()), None)
-
-
-def tensor_index(folder: Path, pickles: tuple[str, ...] = ("pytorch_model.bin",)
-                 ) -> tuple[dict[str, tuple[int, ...]], Callable[[Callable[[str], bool]], dict[str, torch.Tensor]]]:
-    """(name -> shape of every tensor, ``read(keep)``) for a folder's weights, reading headers only until
-    ``read`` loads the tensors whose names ``keep`` accepts (only the shards that hold them).
-
-    Safetensors are preferred (single file, sharded index or any ``*.safetensors``); ``pickles`` (e.g.
-    ``pytorch_model.bin``) load only through ``torch.load(weights_only=True)``.
-    """
-    from safetensors import safe_open
-
-    from specviz.models.safetensors_check import tensor_shapes
-
-    files = _safetensors_files(folder)
-    if files:
-        shapes: dict[str, tuple[int, ...]] = {}
-        for file, names in files.items():
-            header = tensor_shapes(file)
-            missing = [n for n in names if n not in header]
-            if missing:
-                raise SpecvizError(f"{file.name} lacks {missing[0]}, which the index says it holds")
-            shapes.update({n: tuple(header[n]) for n in names})
-
-        def read(keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
-            out: dict[str, torch.Tensor] = {}
-            for file, names in files.items():
-                wanted = [n for n in names if keep(n)]
-                if wanted:
-                    with safe_open(str(file), framework="pt") as handle:
-                        out.update({n: handle.get_tensor(n) for n in wanted})
-            return out
-        return shapes, read
-    pickle = _pickle_file(folder, pickles)
-    if pickle is None:
-        raise SpecvizError(f"no safetensors weights (or {' / '.join(pickles)}) in {folder}")
-    loaded = load_pickle(pickle)
-    return {k: tuple(v.shape) for k, v in loaded.items()}, lambda keep: {k: v for k, v in loaded.items() if keep(k)}
-
-
-def write(folder: Path, config: dict, tensors: dict[str, torch.Tensor], filename: str = "model.safetensors") -> Path:
-    """config.json plus one safetensors file."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(folder / filename))
-    return folder
-
-
 def resolve_source(source: str | Path, what: str, patterns: tuple[str, ...]) -> tuple[Path, str]:
     """(local folder, display name) of a directory or a hub id (``patterns``: the files to fetch; of a sharded
     target, only the shards that hold MTP layers)."""

@@ -107,9 +107,9 @@ def walk_target_choice(tree: DraftTree, choice, rule: str) -> Acceptance:
     while True:
         target_token = int(choice[node + 1])
         kids = tree.children[node]
-        match = next((c for c in kids if tree.tokens[c] == target_token), None)
         if not kids:
             return Acceptance(path, target_token, "bonus", rule, draws)
+        match = next((c for c in kids if tree.tokens[c] == target_token), None)
         draws.append(Draw(parent=node, node=match, accepted=match is not None, target_token=target_token))
         if match is None:
             return Acceptance(path, target_token, "correction", rule, draws)

@@ -10,12 +10,12 @@ drafters may use it; the bench's own curve (``specviz.bench.verify_cost``) times
 from __future__ import annotations
 
 import statistics
-import time
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from specviz.engine import cache as kv
+from specviz.engine.loop import Clock
 from specviz.engine.target import Target
 from specviz.engine.verify import masked_forward, prefill
 from specviz.errors import SpecvizError
@@ -112,11 +112,11 @@ def forward_ms(target: Target, context: list[int], widths: list[int], repeats: i
 def time_forward(model, cache, tokens: list[int], past: int, repeats: int) -> list[float]:
     """Milliseconds of ``repeats`` causal forwards of ``tokens`` after ``past`` cached ones (cropped back each time;
     on CUDA the clock waits for queued work)."""
-    samples = []
+    clock, samples = Clock(next(model.parameters()).device), []
     for _ in range(repeats):
-        started = _now(model)
+        started = clock()
         masked_forward(model, cache, tokens, list(range(past, past + len(tokens))), None)
-        samples.append((_now(model) - started) * 1e3)
+        samples.append((clock() - started) * 1e3)
         kv.crop_to(cache, past)
     return samples
 
@@ -151,13 +151,6 @@ def measured(target: Target, widest: int) -> CostCurve:
     return curves[widest]
 
 
-def _now(model) -> float:
-    """A clock reading after the accelerator has finished queued work."""
-    if next(model.parameters()).device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specviz import settings
 from specviz.engine.features import TargetFeatures
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import DraftTree
@@ -14,6 +15,9 @@ from specviz.errors import SpecvizError
 from specviz.settings import BY_NAME as _SETTINGS
 
 LIMITS = {name: (_SETTINGS[name].low, _SETTINGS[name].high) for name in ("k", "width", "depth", "max_nodes")}
+#: KV positions a drafter's own cache may need in one round beyond the committed text: a dynamic tree feeds every
+#: frontier node it expands (up to width per level, depth levels; more than the node budget keeps), plus slack.
+DRAFT_ROOM = LIMITS["width"][1] * LIMITS["depth"][1] + 8
 
 
 @dataclass(frozen=True)
@@ -34,18 +38,26 @@ class DraftBudget:
     max_nodes: int = _SETTINGS["max_nodes"].default
     min_draft_prob: float = _SETTINGS["min_draft_prob"].default
 
-    def __post_init__(self) -> None:
-        for name, (low, high) in LIMITS.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or not low <= value <= high:
-                raise SpecvizError(f"{name.replace('_', '-')} must be an integer in [{low}, {high}], got {value!r}")
-        stop = self.min_draft_prob
-        if isinstance(stop, bool) or not isinstance(stop, int | float) or not 0.0 <= stop < 1.0:
-            raise SpecvizError(f"min-draft-prob must be a number in [0, 1), got {stop!r}")
+    def __post_init__(self) -> None:  # the ranges the settings declare, for API callers who bypass them
+        for name in (*LIMITS, "min_draft_prob"):
+            settings.check_exact(name, getattr(self, name))
 
     @property
     def max_depth(self) -> int:
         return self.depth if self.tree else self.k
+
+    @property
+    def widest(self) -> int:
+        """The most nodes a draft within this budget holds (a chain's k or a tree's node budget)."""
+        return self.max_nodes if self.tree else self.k
+
+    def check_fits(self, tree: DraftTree, drafter: str) -> None:
+        """One line when ``drafter`` proposed more, or deeper, than this budget: the verify forward's positions and the
+        target's cache are sized by it."""
+        deepest = max(tree.depth, default=0)
+        if len(tree) > self.widest or deepest > self.max_depth:
+            raise SpecvizError(f"drafter {drafter} proposed {len(tree)} nodes {deepest} deep, beyond its budget "
+                               f"({self.describe()})")
 
     def capped(self, remaining: int) -> DraftBudget:
         """Never draft deeper than the tokens still to generate."""

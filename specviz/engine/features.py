@@ -23,6 +23,9 @@ import torch
 
 from specviz.errors import SpecvizError
 
+#: How drafters' ``describe()`` states the feature layers' numbering (the views and traces show it).
+NUMBERING = "hidden_states index (0 = embeddings, i = output of decoder layer i-1)"
+
 
 @dataclass
 class TargetFeatures:

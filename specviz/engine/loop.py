@@ -12,33 +12,35 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from specviz import settings
 from specviz.engine import cache as kv
-from specviz.engine.accept import Acceptance, accept
+from specviz.engine.accept import accept
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.features import capture, check_layers, rows
-from specviz.engine.record import build_round
+from specviz.engine.record import Step, build_round
 from specviz.engine.round import Round
 from specviz.engine.sampling import SamplingConfig, make_generator, probabilities
-from specviz.engine.target import Target
+from specviz.engine.target import PIECE_CONTEXT, Target
 from specviz.engine.tree import DraftTree
 from specviz.engine.verify import forward_tree, prefill
 from specviz.errors import SpecvizError
 
-MAX_NEW_TOKENS = 4096
+MAX_NEW_TOKENS: int = settings.get("max_new_tokens").high
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    max_new_tokens: int = 128
+    max_new_tokens: int = settings.default("max_new_tokens")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    seed: int | None = 0
+    seed: int | None = settings.default("seed")
     top_k_report: int = 5  # alternatives recorded per verified position
     detail: bool = True  # record top-k lists, entropies and texts (the plain baseline turns this off)
     stop_at_eos: bool = True
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise SpecvizError(f"max-new-tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")
+    def __post_init__(self) -> None:  # the ranges the settings declare, for API callers who bypass them
+        settings.check_exact("max_new_tokens", self.max_new_tokens)
+        if self.seed is not None:
+            settings.check_exact("seed", self.seed)
         if not 0 <= self.top_k_report <= 50:
             raise SpecvizError(f"top-k report must be in [0, 50], got {self.top_k_report}")
 
@@ -62,21 +64,6 @@ class Clock:
         return time.perf_counter()
 
 
-@dataclass
-class Step:
-    """What one round computed (the input of its view record) and where its time went, in seconds."""
-
-    tree: DraftTree
-    logits: torch.Tensor
-    p_target: torch.Tensor | None
-    acceptance: Acceptance
-    committed: list[int]
-    finished: bool
-    draft_s: float
-    verify_s: float
-    other_s: float
-
-
 class Generation:
     """One generation. Iterate it for ``Round`` records; afterwards read ``new_tokens``, ``elapsed_s`` and friends."""
 
@@ -93,17 +80,15 @@ class Generation:
         self.target, self.drafter, self.config = target, drafter, config
         self.budget = budget or DraftBudget()
         self.prompt_ids = [int(t) for t in prompt_ids]
-        limit = target.max_positions
-        needed = len(self.prompt_ids) + config.max_new_tokens + (self.budget.max_depth if drafter else 0) + 1
-        if len(self.prompt_ids) >= limit:
-            raise SpecvizError(f"the prompt is {len(self.prompt_ids)} tokens; {target.name} reads at most {limit}")
-        if needed > limit:
-            room = max(0, limit - len(self.prompt_ids) - (self.budget.max_depth if drafter else 0) - 1)
+        limit, prompt = target.max_positions, len(self.prompt_ids)
+        if prompt >= limit:
+            raise SpecvizError(f"the prompt is {prompt} tokens; {target.name} reads at most {limit}")
+        if prompt + config.max_new_tokens > limit:  # drafts never reach past the last new token (budget.capped)
             raise SpecvizError(f"max-new-tokens {config.max_new_tokens} overflows the {limit}-token context window; "
-                               f"at most {room} fit after this prompt")
-        widest = max(self.budget.k, self.budget.max_nodes) if drafter else 0  # nodes one verify forward may add
-        self.cache = kv.new_cache(target.model, max(needed, len(self.prompt_ids) + config.max_new_tokens + widest + 1),
-                                  target.name, preallocate=target.preallocated_cache)
+                               f"at most {limit - prompt} fit after this prompt")
+        widest = self.budget.widest if drafter else 0  # draft nodes one verify forward adds past the committed text
+        self.cache = kv.new_cache(target.model, prompt + config.max_new_tokens + widest, target.name,
+                                  preallocate=target.preallocated_cache)
         self.new_tokens: list[int] = []
         self.rounds: list[Round] = []
         self.prefill_ms = 0.0
@@ -143,12 +128,10 @@ class Generation:
         while len(self.new_tokens) < config.max_new_tokens:
             step = self._round(context)
             t0 = clock()
-            record = build_round(self.target, config, step.tree, step.logits, step.p_target, step.acceptance,
-                                 step.committed, step.finished, index=len(self.rounds),
+            record = build_round(self.target, config, step, index=len(self.rounds),
                                  start=len(self.new_tokens) - len(step.committed))
-            other_s = step.other_s + clock() - t0
-            record.draft_ms, record.verify_ms, record.other_ms = step.draft_s * 1e3, step.verify_s * 1e3, other_s * 1e3
-            self.elapsed_s += step.draft_s + step.verify_s + other_s
+            record.other_ms += (clock() - t0) * 1e3  # building the record is the round's own bookkeeping
+            self.elapsed_s += (record.draft_ms + record.verify_ms + record.other_ms) / 1e3
             self.rounds.append(record)
             yield record
             if step.finished:
@@ -174,18 +157,21 @@ class Generation:
         if drafter is None:
             tree = DraftTree.empty()
         else:
-            tree = drafter.propose(context, self.budget.capped(remaining), config.sampling, self._generator)
+            budget = self.budget.capped(remaining)
+            tree = drafter.propose(context, budget, config.sampling, self._generator)
             tree.validate_against_vocab(self.target.vocab_size)
+            budget.check_fits(tree, drafter.name)
         t1 = clock()
+        pending = len(context) - 1  # the position of the last committed token, verified as row 0
+        before = context[-PIECE_CONTEXT:]
         with capture(self.target.model, layers) as found:
-            logits = forward_tree(self.target.model, self.cache, tree, context[-1], len(context) - 1)
+            logits = forward_tree(self.target.model, self.cache, tree, context[-1], pending)
         t2 = clock()
         p_target = None if config.sampling.greedy else probabilities(logits, config.sampling)
         acceptance = accept(tree, logits, config.sampling, self._generator, p_target)
         kv.keep_path(self.cache, len(context), acceptance.path)
         committed, finished = _truncate([tree.tokens[i] for i in acceptance.path] + [acceptance.extra_token],
                                         remaining, self._eos)
-        pending = len(context) - 1  # the position of the token verified as row 0
         context.extend(committed)
         self.new_tokens.extend(committed)
         t3 = clock()
@@ -196,7 +182,7 @@ class Generation:
             drafter.commit(context, tree, acceptance.path)
         t4 = clock()
         return Step(tree, logits, p_target, acceptance, committed, finished,
-                    draft_s=t1 - t0 + t4 - t3, verify_s=t2 - t1, other_s=t3 - t2)
+                    draft_s=t1 - t0 + t4 - t3, verify_s=t2 - t1, other_s=t3 - t2, before=before)
 
 
 def _truncate(tokens: list[int], remaining: int, eos: set[int]) -> tuple[list[int], bool]:

@@ -26,7 +26,8 @@ FORMULAS = {
     "overhead_ms": "engine overhead per round = round wall time − draft time − verify forward time",
     "calibration": "calibration: every verified draft node whose parent was accepted (or is the root) is one sample, "
     "predicted c = confidence(node) ÷ confidence(parent) (DSpark: the ĉ its schedule used, its confidence head's "
-    "recalibrated on the run so far, and beside it the head's own ĉ; others: the draft probability), realised = 1 "
+    "recalibrated on the run so far, and beside it the head's own ĉ; ngram:auto: its acceptance estimates; others: "
+    "the draft probability), realised = 1 "
     "if the node was accepted; ECE = Σ over 10 equal-width bins of "
     "(samples in bin ÷ samples) × |mean realised − mean predicted|",
 }

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from specviz.engine import tree
+
 
 @dataclass
 class TokenChoice:
@@ -60,14 +62,11 @@ class Round:
     @property
     def is_chain(self) -> bool:
         """One child per node (``DraftTree.is_chain`` of the tree this round verified)."""
-        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+        return tree.is_chain(self.parents)
 
     @property
     def depth(self) -> list[int]:
-        depths: list[int] = []
-        for parent in self.parents:
-            depths.append(1 if parent < 0 else depths[parent] + 1)
-        return depths
+        return tree.depths(self.parents)
 
     def to_dict(self) -> dict:
         return {"type": "round", **asdict(self)}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specviz.errors import SpecvizError
+from specviz import settings
 
 GREEDY_EPS = 1e-5
 
@@ -19,17 +19,13 @@ GREEDY_EPS = 1e-5
 class SamplingConfig:
     """How logits become a distribution. ``temperature == 0`` means greedy (argmax)."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = settings.default("temperature")
+    top_p: float = settings.default("top_p")
+    top_k: int = settings.default("top_k")
 
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature <= 10.0:
-            raise SpecvizError(f"temperature must be in [0, 10], got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SpecvizError(f"top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise SpecvizError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+    def __post_init__(self) -> None:  # the ranges the settings declare, for API callers who bypass them
+        for name, value in self.to_dict().items():
+            settings.check_exact(name, value)
 
     @property
     def greedy(self) -> bool:

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from specviz.errors import SpecvizError
+
+#: What a decoder shows for bytes that are not (yet) a whole UTF-8 character.
+REPLACEMENT = "\ufffd"
+#: How many earlier tokens a token's display text may depend on: the run of tokens since the last one that decodes
+#: cleanly on its own (a few emoji or CJK characters in a row), at most this many.
+PIECE_CONTEXT = 8
+#: Contextual display texts kept per target (cleared when full: each costs two short decodes to rebuild).
+PIECES_AFTER_CACHE = 65536
+
+
+def _held_back(text: str) -> str:
+    """``text`` without a trailing incomplete character (the replacement characters its bytes decode to)."""
+    return text.rstrip(REPLACEMENT)
 
 
 @dataclass
@@ -25,6 +39,7 @@ class Target:
     source: str = ""
     forward: str = "hf"
     _pieces: dict[int, str] = field(default_factory=dict, repr=False)
+    _pieces_after: dict[tuple[int, ...], str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_loaded(cls, loaded, model: torch.nn.Module | None = None, forward: str = "hf") -> Target:
@@ -67,15 +82,47 @@ class Target:
         return ids
 
     def piece(self, token_id: int) -> str:
-        """Display text of one token, cached (decoding is hot in the trace)."""
+        """Display text of one token on its own, cached (decoding is hot in the trace)."""
         text = self._pieces.get(token_id)
         if text is None:
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            text = self._decode_raw([token_id])
             self._pieces[token_id] = text
         return text
 
-    def pieces(self, token_ids: list[int]) -> list[str]:
-        return [self.piece(t) for t in token_ids]
+    def piece_after(self, before: Sequence[int], token_id: int) -> str:
+        """Display text of ``token_id`` where it follows ``before``.
+
+        Byte-level tokenizers split an emoji or a CJK character over several tokens, and each part decodes to U+FFFD
+        on its own. Here the parts show "" and the token completing the character shows all of it (as a streamer
+        holds back an incomplete character), so the pieces of a text join into its decoded text."""
+        alone = self.piece(token_id)
+        if REPLACEMENT not in alone:
+            return alone
+        tail: list[int] = []  # the tokens since the last clean one, which ends on a character boundary
+        for token in reversed(before[-PIECE_CONTEXT:]):
+            if REPLACEMENT not in self.piece(token):
+                break
+            tail.insert(0, int(token))
+        key = (*tail, int(token_id))
+        text = self._pieces_after.get(key)
+        if text is None:
+            held, grown = _held_back(self._decode_raw(list(key[:-1]))), _held_back(self._decode_raw(list(key)))
+            text = grown[len(held):] if grown.startswith(held) else alone
+            if len(self._pieces_after) >= PIECES_AFTER_CACHE:
+                self._pieces_after.clear()
+            self._pieces_after[key] = text
+        return text
+
+    def pieces(self, token_ids: list[int], before: Sequence[int] = ()) -> list[str]:
+        """Display texts of ``token_ids`` in a row, following ``before`` (``piece_after`` each)."""
+        context, out = list(before[-PIECE_CONTEXT:]), []
+        for token in token_ids:
+            out.append(self.piece_after(context, token))
+            context = [*context, token][-PIECE_CONTEXT:]
+        return out
+
+    def _decode_raw(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def encode_prompt(self, prompt: str, *, chat: bool) -> list[int]:
         """Token ids of a prompt, through the chat template when ``chat`` is set."""

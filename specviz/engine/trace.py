@@ -73,8 +73,22 @@ ROUND_FIELDS = {
 #: Optional round fields (a trace may leave them out).
 OPTIONAL_ROUND_FIELDS = {"finished": lambda v: isinstance(v, bool), "meta": lambda v: isinstance(v, dict)}
 #: Header entries the views read, and what each must be when present.
+def _entries(checks: dict):
+    """A dict whose entries named in ``checks``, where present, pass their checks."""
+    return lambda value: isinstance(value, dict) and all(check(value[k]) for k, check in checks.items() if k in value)
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, bool)
+
+
+#: The run's generation settings and draft budget, as the views read them (``GenerationConfig`` / ``DraftBudget``).
+CONFIG_ENTRIES = {"max_new_tokens": _is_int, "seed": _or_none(_is_int), "temperature": _is_nonnegative,
+                  "top_p": _is_probability, "top_k": _is_int}
+BUDGET_ENTRIES = {"tree": _is_bool, "k": _is_int, "width": _is_int, "depth": _is_int, "max_nodes": _is_int,
+                  "min_draft_prob": _or_none(_is_probability)}
 HEADER_FIELDS = {"target": lambda v: isinstance(v, dict), "drafter": _or_none(lambda v: isinstance(v, dict)),
-                 "config": lambda v: isinstance(v, dict), "budget": _or_none(lambda v: isinstance(v, dict)),
+                 "config": _entries(CONFIG_ENTRIES), "budget": _or_none(_entries(BUDGET_ENTRIES)),
                  "prompt": lambda v: isinstance(v, dict)}
 #: Summary entries the views read, when present.
 SUMMARY_FIELDS = {"token_ids": _list_of(_is_int), "text": lambda v: isinstance(v, str),
@@ -137,6 +151,7 @@ def dumps(header: dict, rounds: list[Round], summary: dict | None = None) -> str
 def write(path: str | Path, header: dict, rounds: list[Round], summary: dict | None = None) -> Path:
     path = Path(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dumps(header, rounds, summary), encoding="utf-8")
     except OSError as error:
         raise SpecvizError(f"cannot write the trace to {path}: {error.strerror}") from None
@@ -228,9 +243,44 @@ def _validate_round(obj: dict, number: int, expected_index: int, expected_start:
         if not 0 <= node < len(tokens) or parents[node] != previous:
             fail("the accepted path does not follow parent links from the root")
         previous = node
+    for draw in obj["draws"]:
+        if not _is_draw(draw, len(tokens)):
+            fail(f"draw {draw!r} is not a decision at a node of this round")
+    pruned = obj.get("meta", {}).get("pruned")
+    if pruned is not None and not (isinstance(pruned, list) and all(
+            _is_pruned(node, i, len(tokens)) for i, node in enumerate(pruned))):
+        fail("meta.pruned must list drafted-then-pruned nodes hanging off this round's nodes or earlier pruned ones")
     if obj["extra_kind"] not in EXTRA_KINDS:
         fail(f"extra_kind must be one of {sorted(EXTRA_KINDS)}")
     full = [tokens[i] for i in accepted] + [obj["extra_token"]]
     committed = obj["committed"]
     if not committed or committed != full[: len(committed)]:
         fail("committed tokens are not the accepted path followed by the extra token")
+
+
+#: A draw's entries besides ``parent``, ``node`` and ``accepted`` (``accept.Draw``).
+DRAW_ENTRIES = {"target_token": _is_token, "u": _is_probability, "ratio": _is_probability}
+
+
+def _is_draw(draw, nodes: int) -> bool:
+    """An accept-rule decision: at ``parent`` (-1 = root) over ``node`` (None: no child matched)."""
+    return (isinstance(draw, dict) and _is_int(draw.get("parent")) and -1 <= draw["parent"] < nodes
+            and (draw.get("node") is None or (_is_int(draw["node"]) and 0 <= draw["node"] < nodes))
+            and _is_bool(draw.get("accepted")) and _entries(DRAW_ENTRIES)(draw))
+
+
+PRUNED_REQUIRED = {"token", "depth", "q", "confidence"}
+#: A pruned node's entries besides its links (``dynamic_tree._pruned``, ``cost_curve.cut_tail``).
+PRUNED_ENTRIES = {"token": _is_token, "depth": _is_int, "q": _or_none(_is_probability),
+                  "confidence": _is_probability, "score": _is_number, "text": lambda v: isinstance(v, str),
+                  "reason": lambda v: isinstance(v, str), "head": _is_int, "module": _is_int}
+
+
+def _is_pruned(node, index: int, nodes: int) -> bool:
+    """A drafted-then-pruned node hanging off a kept node (``parent``, -1 = root) or an earlier pruned one."""
+    if not (isinstance(node, dict) and _entries(PRUNED_ENTRIES)(node) and PRUNED_REQUIRED <= node.keys()):
+        return False
+    parent, pruned_parent = node.get("parent"), node.get("pruned_parent")
+    if parent is not None:
+        return pruned_parent is None and _is_int(parent) and -1 <= parent < nodes
+    return _is_int(pruned_parent) and 0 <= pruned_parent < index

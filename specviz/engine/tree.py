@@ -17,6 +17,19 @@ from specviz.errors import SpecvizError
 ROOT = -1
 
 
+def depths(parents: list[int]) -> list[int]:
+    """Depth of each node of a topologically ordered tree; children of the root have depth 1."""
+    out: list[int] = []
+    for parent in parents:
+        out.append(1 if parent == ROOT else out[parent] + 1)
+    return out
+
+
+def is_chain(parents: list[int]) -> bool:
+    """One child per node, in order."""
+    return all(parent == i - 1 for i, parent in enumerate(parents))
+
+
 @dataclass
 class DraftTree:
     """A proposal: token ids in topological order plus what the drafter knew about them.
@@ -66,14 +79,11 @@ class DraftTree:
     @cached_property
     def depth(self) -> list[int]:
         """Depth of each node; children of the root have depth 1."""
-        depths: list[int] = []
-        for parent in self.parents:
-            depths.append(1 if parent == ROOT else depths[parent] + 1)
-        return depths
+        return depths(self.parents)
 
     @cached_property
     def is_chain(self) -> bool:
-        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+        return is_chain(self.parents)
 
     @cached_property
     def children(self) -> dict[int, list[int]]:

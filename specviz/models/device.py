@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import torch
 
+from specviz import settings
 from specviz.errors import SpecvizError
 from specviz.models import grouped_sdpa
 
@@ -24,8 +25,6 @@ from specviz.models import grouped_sdpa
 CASCADE = "specviz_cascade"
 #: transformers' name for the fast CPU path's SDPA, grouped-query heads passed through (``models.grouped_sdpa``).
 GROUPED_SDPA = grouped_sdpa.NAME
-#: Attention backends that accept the engine's 4D float tree mask.
-TREE_MASK_BACKENDS = frozenset({"sdpa", "eager", CASCADE, GROUPED_SDPA})
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,6 @@ class Runtime:
     device: str
     dtype: torch.dtype
     attn_implementation: str
-
-    @property
-    def supports_tree_mask(self) -> bool:
-        """Whether tree verification (a 4D float attention mask) works with this backend."""
-        return self.attn_implementation in TREE_MASK_BACKENDS
 
 
 def choose_device(device: str | None = None) -> str:
@@ -83,14 +77,12 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def choose_attn_implementation(device: str, dtype: torch.dtype, *, need_tree_mask: bool = False) -> str:
+def choose_attn_implementation(device: str, dtype: torch.dtype) -> str:
     """``specviz_cascade`` on CUDA (chains and trees both get a fused kernel there), else ``sdpa`` with the 4D mask.
 
     The CPU keeps SDPA: its fused kernel already takes the tree mask, and the cascade's extra merge did not measure
-    faster there (docs/gpu.md). Every backend chosen here takes the tree mask, so ``need_tree_mask`` changes nothing;
-    it stays for callers that state the need.
+    faster there (docs/gpu.md). Both take the engine's tree mask (``engine.attention``).
     """
-    del need_tree_mask
     return CASCADE if device.split(":", 1)[0] == "cuda" else "sdpa"
 
 
@@ -115,19 +107,18 @@ def choose_cascade_kernel(device: str, dtype: torch.dtype) -> str:
     return "math"
 
 
-def choose_runtime(device: str | None = None, dtype: torch.dtype | str | None = None, *,
-                   need_tree_mask: bool = False) -> Runtime:
+def choose_runtime(device: str | None = None, dtype: torch.dtype | str | None = None) -> Runtime:
     """Resolve device, dtype and attention backend together (``choose_attn_implementation``)."""
     resolved = choose_device(device)
     resolved_dtype = choose_dtype(resolved, dtype)
-    attn = choose_attn_implementation(resolved, resolved_dtype, need_tree_mask=need_tree_mask)
+    attn = choose_attn_implementation(resolved, resolved_dtype)
     return Runtime(device=resolved, dtype=resolved_dtype, attn_implementation=attn)
 
 
-#: How the target runs its forward: ``fast`` (linears through kernels over weights packed at load, a preallocated KV
-#: cache) where it is available, else ``hf`` (transformers' own forward and ``DynamicCache``); ``auto`` picks fast
-#: where it runs.
-TARGET_FORWARDS = ("auto", "fast", "hf")
+#: How the target runs its forward (the setting's choices): ``fast`` (linears through kernels over weights packed at
+#: load, a preallocated KV cache) where it is available, else ``hf`` (transformers' own forward and ``DynamicCache``);
+#: ``auto`` picks fast where it runs.
+TARGET_FORWARDS = settings.get("target_forward").choices
 
 
 def choose_target_forward(requested: str | None, device: str, dtype: torch.dtype) -> str:

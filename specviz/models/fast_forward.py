@@ -21,8 +21,8 @@ measures, once per model, a pass over all its linear layers at a few row counts 
 streamed from memory, as in a forward) and sets ``plain_rows``: the row counts up to which ``F.linear`` on the
 original weights was faster. Where the thin kernel builds it is first timed the same way against oneDNN's packed
 product at a verify's widths and kept unless oneDNN wins (``choose_wide``). ``kernel_choice`` on the copy records
-both choices (``plain_rows``, ``wide``). The timing reads every weight about 50 times, 80 with the thin kernel (one
-to two seconds for a 135M model; it grows with the model's size).
+both choices (``plain_rows``, ``wide``). The timing reads every weight a few dozen times (``CHOICE_ROWS`` x
+``CHOICE_REPEATS`` per kernel), so its cost at load grows with the model's size.
 
 ``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow
 the target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 
 from specviz.errors import SpecvizError
-from specviz.models.safetensors_check import stored_shapes
 
 MEMORY_LIMIT_ENV = "SPECVIZ_MAX_MEMORY_GB"
 #: Activations, KV cache and allocator slack on top of the weights.
@@ -32,11 +29,6 @@ def params_from_config(config) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
-
-
-def safetensors_numel(files: Iterable[Path]) -> int:
-    """Number of elements stored in safetensors files, read from their headers only."""
-    return stored_numel(stored_shapes(list(files)))
 
 
 def stored_numel(shapes: dict[str, list[int]]) -> int:

@@ -36,6 +36,17 @@ def fingerprint(weight: torch.Tensor) -> list[float]:
     return [round(float(v), 5) for v in weight.detach()[rows].float().norm(dim=-1)]
 
 
+def check_fingerprint(tensor: torch.Tensor, expected: list[float], message: str) -> None:
+    """``tensor``'s fingerprint matches ``expected`` within a bf16 copy's rounding, else ``message`` (one line): a
+    draft trained for another model would draft garbage."""
+    found = fingerprint(tensor)
+    numbers = isinstance(expected, list) and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                  for v in expected)
+    if not numbers or len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
+                                          for a, b in zip(found, expected, strict=True)):
+        raise SpecvizError(message)
+
+
 def shared_names(model: torch.nn.Module) -> list[str]:
     """Parameter names of the input embedding and, when untied, the output layer."""
     names = ["model.embed_tokens.weight"]
@@ -102,11 +113,8 @@ def attach_shared(model: torch.nn.Module, load_donor: Callable[[str], torch.nn.M
         if theirs is None or name not in own or theirs.shape != own[name].shape:
             raise SpecvizError(f"{source}: its {name} comes from {donor_name}, which has no matching tensor "
                                f"(shape {tuple(own[name].shape) if name in own else '?'})")
-    expected = spec.get("fingerprint") or []
-    found = fingerprint(donor.get_input_embeddings().weight)
-    if len(found) != len(expected) or any(abs(a - b) > FINGERPRINT_RTOL * max(abs(b), 1e-6)
-                                          for a, b in zip(found, expected, strict=True)):
-        raise SpecvizError(f"{source}: the embedding of {donor_name} is not the one this draft was trained with")
+    check_fingerprint(donor.get_input_embeddings().weight, spec.get("fingerprint") or [],
+                      f"{source}: the embedding of {donor_name} is not the one this draft was trained with")
     for name in spec["tensors"]:
         module_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(module_name), attr, donor_params[name])

@@ -31,7 +31,6 @@ def add_train_subparser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("train", help="train a drafter for a target (distillation from the target)",
                                    description=DESCRIPTION)
     add_train_arguments(parser)
-    parser.set_defaults(func=run_train)
     return parser
 
 
@@ -43,20 +42,26 @@ def run_train(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> dict:
     """Prepare data, train, evaluate on held-out target answers, save; return the metrics."""
-    from specviz.models import load_model
-
     check_numbers(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     trainer_cls = get_trainer(args.kind)
+    family_options = trainer_options(trainer_cls, args.trainer_options)
     out: Path = outputs.output_dir(args.out, "--out")
-    log_file = (out / "train.log").open("a", encoding="utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "train.log").open("a", encoding="utf-8") as log_file:
+        def log(message: str) -> None:
+            line = f"[{time.strftime('%H:%M:%S')}] {message}"
+            print(line, file=sys.stderr, flush=True)
+            log_file.write(line + "\n")
+            log_file.flush()
 
-    def log(message: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {message}"
-        print(line, file=sys.stderr, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+        return _run(args, trainer_cls, family_options, out, log)
+
+
+def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path, log) -> dict:
+    """``train`` once its arguments are checked and its log is open."""
+    from specviz.models import load_model
 
     argv = getattr(args, "argv", None) or sys.argv[1:]
     command = "python -m specviz " + " ".join(shlex.quote(a) for a in argv)
@@ -66,19 +71,10 @@ def train(args: argparse.Namespace) -> dict:
     log(f"target {target.name} ({target.source}) on {target.device} loaded in {target.load_seconds:.1f}s")
     options = {"hidden": args.hidden, "layers": args.layers, "topk": args.topk, "softmax_sample": args.softmax_sample,
                "init_layers": args.init_layers, "target_name": args.target,
-               **trainer_options(trainer_cls, args.trainer_options)}
+               **family_options}
     trainer = trainer_cls(target, options)
     warm = trainer.load_exported(args.init_from) if args.init_from is not None else None  # refused before the data
-    request = trainer.features()
-    plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
-                    extra_prompts=args.extra_prompts,
-                    gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, corpus_tokens=args.corpus_tokens,
-                    seq_len=args.seq_len, topk=request.topk, layers=request.layers,
-                    extra_layers=args.feature_layers,
-                    stdlib_files=args.stdlib_files, seed=args.seed, prompt_files=tuple(args.prompt_file),
-                    prompt_file_holdout=args.prompt_file_holdout, sampled_answers=args.sampled_answers,
-                    sample_temperature=args.sample_temperature, prompt_file_repeat=args.prompt_file_repeat)
-    _check_plan(plan)
+    plan = _plan(args, trainer.features())
     data = build_data(_inference_view(target), plan, args.cache_dir, log)
     train_set, heldout = data.train, data.heldout
     data_seconds = time.perf_counter() - started
@@ -94,8 +90,7 @@ def train(args: argparse.Namespace) -> dict:
                          warmup=args.warmup, seed=args.seed, save_every=args.save_every, log_every=args.log_every,
                          resume=args.resume, autocast=args.autocast,
                          device=target.device)
-    params = sum(p.numel() for p in student.parameters())
-    trainable = sum(p.numel() for p in student.parameters() if p.requires_grad)
+    params, trainable = _parameters(student)
     log(f"student {args.kind}: {params / 1e6:.1f}M parameters ({trainable / 1e6:.1f}M trained); "
         f"training {args.steps} steps")
     train_started = time.perf_counter()
@@ -108,28 +103,9 @@ def train(args: argparse.Namespace) -> dict:
                     if data.heldout_files is not None else None)
     final = out / "final"
     trainer.save_pretrained(student, final)
-    history = result["history"]
-    summary = {
-        "kind": args.kind, "target": args.target, "parameters": params, "trainable_parameters": trainable,
-        "steps": args.steps,
-        "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
-        "final_loss": history[-1]["loss"] if history else None,
-        "final_train_agree": history[-1].get("agree") if history else None,
-        "data_seconds": data_seconds, "train_seconds": train_seconds,
-        "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
-        "heldout": metrics, "heldout_prompt_files": file_metrics,
-        "command": command, "init_from": str(args.init_from) if warm is not None and not result["resumed"] else None,
-        "student_config": trainer.describe_student(student),
-        "trainer_options": getattr(trainer, "opts", {}), "history": history,
-    }
-    previous = out / "metrics.json"
-    if args.resume and previous.is_file():  # a resumed run is reproduced by the chain of commands that made it
-        before = json.loads(previous.read_text())
-        summary["commands"] = [*before.get("commands", [before["command"]]), command]
-        summary["train_seconds"] += before.get("train_seconds", 0.0)  # the steps it resumed from
-        if result["resumed"]:  # a warm start belongs to the run that began the chain
-            summary["init_from"] = before.get("init_from")
-    previous.write_text(json.dumps(summary, indent=2))
+    summary = _summary(args, trainer, student, train_set, result, command=command, metrics=metrics,
+                       file_metrics=file_metrics, seconds=(data_seconds, train_seconds), warm=warm is not None)
+    _merge_resumed(summary, out / "metrics.json", args.resume, result["resumed"])
     log(f"held-out top-1 agreement {metrics['top1_agreement']:.3f}, simulated chain tau "
         f"{metrics['simulated_chain_tau']}; saved {final}")
     if file_metrics:
@@ -139,8 +115,60 @@ def train(args: argparse.Namespace) -> dict:
         export_model(final, args.export)
         write_model_card(args.export, summary, name=args.name or args.export.name)
         log(f"exported fp16 weights and model card to {args.export}")
-    log_file.close()
     return summary
+
+
+def _plan(args: argparse.Namespace, request) -> DataPlan:
+    """The data to build for this trainer's ``request`` (its top-k and feature layers), checked."""
+    plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
+                    extra_prompts=args.extra_prompts,
+                    gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, corpus_tokens=args.corpus_tokens,
+                    seq_len=args.seq_len, topk=request.topk, layers=request.layers,
+                    extra_layers=args.feature_layers,
+                    stdlib_files=args.stdlib_files, seed=args.seed, prompt_files=tuple(args.prompt_file),
+                    prompt_file_holdout=args.prompt_file_holdout, sampled_answers=args.sampled_answers,
+                    sample_temperature=args.sample_temperature, prompt_file_repeat=args.prompt_file_repeat)
+    _check_plan(plan)
+    return plan
+
+
+def _parameters(student) -> tuple[int, int]:
+    """(all parameters, trained ones): borrowed target tensors are frozen."""
+    return (sum(p.numel() for p in student.parameters()),
+            sum(p.numel() for p in student.parameters() if p.requires_grad))
+
+
+def _summary(args: argparse.Namespace, trainer, student, train_set, result: dict, *, command: str, metrics: dict,
+             file_metrics: dict | None, seconds: tuple[float, float], warm: bool) -> dict:
+    """What ``metrics.json`` and the model card say about this run."""
+    params, trainable = _parameters(student)
+    data_seconds, train_seconds = seconds
+    history = result["history"]
+    return {
+        "kind": args.kind, "target": args.target, "parameters": params, "trainable_parameters": trainable,
+        "steps": args.steps,
+        "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
+        "final_loss": history[-1]["loss"] if history else None,
+        "final_train_agree": history[-1].get("agree") if history else None,
+        "data_seconds": data_seconds, "train_seconds": train_seconds,
+        "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
+        "heldout": metrics, "heldout_prompt_files": file_metrics,
+        "command": command, "init_from": str(args.init_from) if warm and not result["resumed"] else None,
+        "student_config": trainer.describe_student(student),
+        "trainer_options": getattr(trainer, "opts", {}), "history": history,
+    }
+
+
+def _merge_resumed(summary: dict, path: Path, resume: bool, resumed: bool) -> None:
+    """Write ``summary`` to ``path``; a resumed run is reproduced by the chain of commands that made it, so it keeps
+    the earlier runs' commands, training time and warm start."""
+    if resume and path.is_file():
+        before = json.loads(path.read_text())
+        summary["commands"] = [*before.get("commands", [before["command"]]), summary["command"]]
+        summary["train_seconds"] += before.get("train_seconds", 0.0)  # the steps it resumed from
+        if resumed:  # a warm start belongs to the run that began the chain
+            summary["init_from"] = before.get("init_from")
+    path.write_text(json.dumps(summary, indent=2))
 
 
 def _inference_view(target):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -103,10 +103,6 @@ class FeatureSet:
 
         with safe_open(str(path), framework="pt") as handle:
             return json.loads((handle.metadata() or {}).get("meta", "{}"))
-
-    def with_layers(self, layers: tuple[int, ...]) -> FeatureSet:
-        """The same positions with only ``layers``' hidden states (dropping the rest frees their memory)."""
-        return replace(self, hidden={layer: self.hidden[layer] for layer in layers})
 
     @classmethod
     def concat(cls, sets: list[FeatureSet]) -> FeatureSet:

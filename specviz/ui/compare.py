@@ -16,7 +16,7 @@ from specviz.drafters import registry
 from specviz.errors import SpecvizError
 from specviz.ui import runner, settings, streaming
 from specviz.ui.state import Session, one_line
-from specviz.ui.views import plot, root_text
+from specviz.ui.views import plot, root_text, tokens_panel
 from specviz.viz import panels
 from specviz.viz.record import RunRecord
 from specviz.viz.tokens import tokens_html
@@ -62,7 +62,7 @@ class Column:
         gr.Markdown(f"### {name.capitalize()}")
         tree = gr.Plot(label=f"{name}: latest round", elem_id=f"compare-{name}-tree")
         stats = gr.HTML(panels.compare_stats_html(None), elem_id=f"compare-{name}-stats")
-        tokens = gr.HTML(tokens_html(None, [], show_legend=False), elem_id=f"compare-{name}-tokens")
+        tokens = tokens_panel(tokens_html(None, [], show_legend=False), elem_id=f"compare-{name}-tokens")
         return cls(tree, tokens, stats)
 
     def render(self, record: RunRecord | None, *, running: bool = False) -> dict:
@@ -75,7 +75,7 @@ class Column:
                 self.tokens: tokens_html(None, record.rounds, show_legend=False, caret=running)}
 
 
-def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio | None = None) -> dict:
+def build(session: gr.State, panel: settings.Settings) -> dict:
     gr.Markdown("Runs the Playground's prompt, target, sampling and seed twice: as a **chain** of k tokens and as a "
                 "**tree** (width × depth under the node budget), one after the other on this machine. Each side "
                 "drafts with the Playground's drafter or its own: pick `mtp` for the chain and `medusa` for the tree "
@@ -119,7 +119,10 @@ def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio 
                 message = f"{name}: " + streaming.live_status(producer, request, record)
                 yield {status: panels.status_html(message), **column.render(record, running=True)}
             if streaming.superseded(producer, state):
-                return
+                if getattr(state, name) is record:  # the Playground took the engine: say so, or this stays "Generating"
+                    yield {status: panels.status_html(f"{name}: " + streaming.replaced_status(record), "warning"),
+                           **column.render(record)}
+                return  # a newer Chain vs Tree run draws this tab now
             if producer.error is not None:
                 raise gr.Error(one_line(producer.error), print_exception=False)
             if record.summary is None or state.stopped.is_set():  # stopped (maybe just as this run finished)
@@ -149,7 +152,8 @@ def build(session: gr.State, panel: settings.Settings, download_radio: gr.Radio 
         state.stop()
         return {status: panels.status_html("Stopped.", "warning")}
 
+    # "multiple": a second click restarts the comparison with the current settings instead of being dropped
     event = run_btn.click(run, [session, full_plain, *drafters, *panel.inputs], outputs, concurrency_id="model",
-                          show_progress="hidden", api_name="compare")
+                          show_progress="hidden", api_name="compare", trigger_mode="multiple")
     stop_btn.click(stop, [session], [status], cancels=[event], queue=False, api_name="compare_stop")
     return {"event": event}

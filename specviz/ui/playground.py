@@ -13,6 +13,7 @@ import gradio as gr
 
 from specviz.errors import SpecvizError
 from specviz.settings import default
+from specviz.settings import get as declared
 from specviz.ui import runner, settings, streaming, zerogpu
 from specviz.ui.state import Session, apply, one_line
 from specviz.ui.views import RunView
@@ -45,11 +46,11 @@ def _request(values) -> runner.RunRequest:
 def build(session: gr.State, download: gr.DownloadButton) -> Playground:
     with gr.Row():
         with gr.Column(scale=4, min_width=320):
-            panel = settings.Settings.build()
-            with gr.Row():
+            with gr.Row():  # above the settings: the column is long, and Run is what a demo reaches for first
                 run_btn = gr.Button("Run", variant="primary", elem_id="run")
                 step_btn = gr.Button("Step", elem_id="step")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+            panel = settings.Settings.build()
             measure_btn = gr.Button("Measure plain decoding of this prompt (full side-by-side run)",
                                     size="sm", elem_id="measure-plain")
         with gr.Column(scale=7):
@@ -66,8 +67,12 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
         for heavy in streaming.watch(producer, state):
             yield view.render(record, status=streaming.live_status(producer, request, record), heavy=heavy,
                               running=True)
-        if streaming.superseded(producer, state) or state.stopped.is_set():
-            return  # a newer run or Stop drew the last frame: drawing this run's "Done" over it would be stale
+        if streaming.superseded(producer, state):
+            if state.record is record:  # Chain vs Tree took the engine: nobody else draws this run's last frame
+                yield view.render(record, status=streaming.replaced_status(record), level="warning")
+            return  # a newer Playground run draws this view now
+        if state.stopped.is_set():
+            return  # Stop drew the last frame: drawing this run's "Done" over it would be stale
         if producer.error is not None:
             message = one_line(producer.error)
             if record.rounds:
@@ -103,7 +108,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
                 "Preparing the first round…"
             yield view.render(record, status=loading, running=True)
             if zerogpu.on_zero_gpu():  # a ZeroGPU worker cannot be held between clicks: run once, reveal per Step
-                state.stepper = iter(_buffered(events))
+                state.stepper = iter(list(events))
         try:
             for event in state.stepper:
                 apply(record, event)
@@ -156,7 +161,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
         if state.busy:
             raise gr.Error("A run is in progress: wait for it or press Stop.", print_exception=False)
         request = _request(values)
-        recorded = runner.RunRequest(**{**request.to_dict(), **_recorded_settings(record)})
+        recorded = runner.RunRequest(**{**request.to_dict(), **recorded_settings(record)})
         yield {view.status: _status(f"Plain decoding of the same prompt ({recorded.max_new_tokens} new tokens, "
                                     "same sampler and clock)…")}
         try:
@@ -168,8 +173,10 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
         message, level = streaming.final_status(record, stopped=record.stop_reason == "stopped")
         yield {**view.render(record, status=message, level=level), download: _download(state, record)}
 
+    # "multiple": Run during a run restarts it with the panel's current settings (the older run is superseded);
+    # Gradio's default ("once") would drop the click without a word.
     page.run_event = run_btn.click(run, [session, *panel.inputs], outputs, concurrency_id="model",
-                                   show_progress="hidden", api_name="run")
+                                   show_progress="hidden", api_name="run", trigger_mode="multiple")
     page.step_event = step_btn.click(step, [session, *panel.inputs], outputs, concurrency_id="model",
                                      show_progress="hidden", api_name="step")
     stop_btn.click(stop, [session], outputs, cancels=[page.run_event], queue=False, api_name="stop")
@@ -180,19 +187,19 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
     return page
 
 
-def _recorded_settings(record: RunRecord) -> dict:
-    """Prompt and sampling exactly as the record ran them (the panel may have changed since)."""
+def recorded_settings(record: RunRecord) -> dict:
+    """Prompt, sampling and the target's forward exactly as the record ran them (the panel may have changed since):
+    plain decoding measured with other kernels would not be the run's baseline."""
     config = record.header.get("config") or {}
     prompt = (record.header.get("prompt") or {}).get("text")
     out = {name: config.get(name, default(name)) for name in ("max_new_tokens", "temperature", "top_p", "top_k")}
     out.update(seed=config.get("seed") or 0, chat=bool(config.get("chat", True)), target=record.target_name)
+    forward = (record.header.get("target") or {}).get("forward")
+    if forward in declared("target_forward").choices:
+        out["target_forward"] = forward
     if prompt:
         out["prompt"] = prompt
     return out
-
-
-def _buffered(events) -> list:
-    return list(events)
 
 
 def _status(message: str, level: str = "info") -> str:

@@ -2,7 +2,8 @@
 
 ``stream`` is the GPU-using generator (decorated for ZeroGPU, see ``zerogpu``). It yields plain, picklable events
 (``Loaded``, ``Calibrated``, ``RoundDone``, ``Finished``) so the views never see a model, and so the generator can
-run in ZeroGPU's worker process. Plain-decoding calibrations are cached per target/device/sampling settings.
+run in ZeroGPU's worker process. Plain-decoding calibrations are cached per target, its forward, device, sampling
+settings and prompt-length bucket (``RunRequest.calibration_key``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from specviz.errors import SpecvizError
 from specviz.ui import zerogpu
 
 CALIBRATION_TOKENS = 32
-#: The UI's cap on new tokens (a shared server): the declaration's UI range for max_new_tokens.
-MAX_NEW_TOKENS_UI = settings.get("max_new_tokens").ui_high
 
 _PRELOADED: dict[str, api.Target] = {}
 _LOADED: set[tuple[str, str]] = set()
@@ -110,11 +109,6 @@ class Finished:
     stop_reason: str
 
 
-@dataclass
-class PlainDone:
-    plain: dict
-
-
 # ---- models --------------------------------------------------------------------------------------------------
 def preload(name: str, target: api.Target) -> None:
     """Register an already-built target under ``name`` (tests use tiny random models this way)."""
@@ -138,11 +132,6 @@ def load_target(spec: str, target_forward: str = settings.default("target_forwar
     target = api.load_target(spec, target_forward=target_forward, device=device)
     _LOADED.add((spec, target_forward, device))
     return target, time.perf_counter() - start, first
-
-
-def drafter_choices(target: str) -> list[str]:
-    """Every drafter spec offered for ``target`` (registry order): each family's default, variants, checkpoints."""
-    return [spec for _, specs in registry.menu(target) for spec in specs]
 
 
 def drafter_menu(target: str) -> list[tuple[str, str]]:
@@ -170,14 +159,9 @@ def remember_calibration(calibration: dict) -> None:
         _CALIBRATION[tuple(calibration["key"])] = calibration
 
 
-def clear_calibrations() -> None:
-    with _LOCK:
-        _CALIBRATION.clear()
-
-
 def calibrate(target: api.Target, prompt_ids: list[int], request: RunRequest, device: str) -> dict:
     """A short real plain decode of this prompt (after a warm-up), timed exactly like the speculative run."""
-    api.plain_decode(target, prompt_ids[-16:], api.GenerationConfig(max_new_tokens=2))  # warm-up
+    api.warm_up(target, prompt_ids)
     config = replace(request.config(), max_new_tokens=CALIBRATION_TOKENS, stop_at_eos=False)
     run = api.plain_decode(target, prompt_ids, config)
     decode_s = run.elapsed_s - run.prefill_ms / 1e3
@@ -218,7 +202,7 @@ def plain_run(request: RunRequest, fallback_note: str = "") -> dict:
     request.validate()
     target, _, _ = load_target(request.target, request.target_forward, request.device)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
-    api.plain_decode(target, prompt_ids[-16:], api.GenerationConfig(max_new_tokens=2))  # warm-up
+    api.warm_up(target, prompt_ids)
     run = api.plain_decode(target, prompt_ids, request.config())
     return {"tokens_per_s": run.tokens_per_s, "token_ids": run.token_ids, "elapsed_s": run.elapsed_s,
             "text": run.text, "note": fallback_note}

@@ -156,7 +156,7 @@ def _drafter_dropdown(target: gr.Dropdown | None) -> gr.Dropdown:
                        label="drafter", info=drafter_info(), elem_id="drafter")
 
 
-def request(*values, tree: bool | None = None) -> runner.RunRequest:
+def request(*values) -> runner.RunRequest:
     """A checked ``RunRequest`` from the panel's values (in ``INPUT_NAMES`` order; missing trailing ones take
     their defaults); bad settings raise a one-line ``SpecvizError``."""
     if len(values) > len(INPUT_NAMES):
@@ -165,8 +165,6 @@ def request(*values, tree: bool | None = None) -> runner.RunRequest:
     fields = {"prompt": given.pop("prompt", "") or "", "drafter": (given.pop("drafter", None) or "").strip()}
     for name, value in given.items():
         fields[name] = from_widget(declared.get(name), value)
-    if tree is not None:
-        fields["tree"] = tree
     return runner.RunRequest(**fields).validate()
 
 

@@ -128,8 +128,14 @@ class Session:
         return self.producer is not None and self.producer.alive
 
     def start(self, record: RunRecord, make_stream: Callable[[], Iterator[object]]) -> Producer:
-        """Run ``make_stream`` on a fresh engine thread; any earlier run of this session is stopped first."""
-        self.stop()
+        """Run ``make_stream`` on a fresh engine thread; any earlier run of this session is stopped first.
+
+        The earlier producer is detached before it is stopped, so its callback sees itself superseded (and knows
+        another run took over) from the moment it is told to stop, never a stopped-by-Stop state in between."""
+        previous, self.producer = self.producer, None
+        self.stopped.set()
+        if previous is not None and previous.alive:
+            previous.stop()
         self.close_stepper()
         self.stopped.clear()
         self.producer = Producer(record, make_stream)

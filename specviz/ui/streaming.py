@@ -70,9 +70,25 @@ def final_status(record: RunRecord, *, stopped: bool = False) -> tuple[str, str]
     speedup = record.speedup()
     tail = f" · measured speedup ×{speedup:.2f}" if speedup else ""
     if stopped:
-        return (f"Stopped by you after {m.rounds} rounds ({m.new_tokens} tokens) · τ {m.tau:.2f}{tail}. "
+        done = f"{_count(m.rounds, 'round')} ({_count(m.new_tokens, 'token')})"
+        return (f"Stopped by you after {done} · τ {m.tau:.2f}{tail}. "
                 "Everything so far stays inspectable; download the trace in the Traces tab."), "warning"
     reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached"}.get(record.stop_reason,
                                                                                        record.stop_reason or "done")
     return (f"Done ({reason}) · {run_label(record)} · {m.rounds} rounds, {m.new_tokens} tokens · τ {m.tau:.2f}"
             f"{tail}"), "ok"
+
+
+def replaced_status(record: RunRecord) -> str:
+    """The last word of a run that another run of the same session replaced (one run per session at a time); marks
+    the record stopped so its summary, download and debugger views treat it as a stopped run."""
+    if record.summary is None:
+        record.stop_reason = "stopped"
+        record.summary = record.trace_summary()
+    done = f" after {_count(len(record.rounds), 'round')} ({_count(record.new_tokens, 'token')})"
+    return (f"Stopped{done if record.rounds else ' before the first round'}: another run started in this browser "
+            "session (one run at a time per session). What ran so far stays inspectable.")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

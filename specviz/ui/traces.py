@@ -45,8 +45,8 @@ def build(session: gr.State, download: gr.DownloadButton) -> dict:
     def show(state: Session, record: RunRecord, note: str = "") -> dict:
         state.replay = record
         m = record.metrics() if record.rounds else None
-        summary = f" · {m.rounds} rounds, τ {m.tau:.2f}" if m else ""
-        return view.render(record, status=f"{panels.run_label(record)}{summary}{note}", level="ok",
+        summary = f" · {m.rounds} rounds, τ {m.tau:.2f}" if m else " · no rounds: the run stopped before its first"
+        return view.render(record, status=f"{panels.run_label(record)}{summary}{note}", level="ok" if m else "warning",
                            index=record.showcase_index())
 
     def on_upload(state: Session, path: str | None):

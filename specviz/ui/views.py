@@ -19,6 +19,35 @@ from specviz.viz.record import RunRecord
 from specviz.viz.tokens import tokens_html
 from specviz.viz.tree_figure import tree_spec
 
+#: The token panel's scroll box (``.sv-stream``, a fixed height) is redrawn on every update, which resets it to the
+#: top: a streamed run's newest tokens, and a picked round, would sit below the fold. After each update this scrolls
+#: to the end while a run streams (unless the reader scrolled up to read: then it keeps their place), and otherwise
+#: to the selected round (``.sv-sel``). Runs in the browser via gr.HTML's ``js_on_load``/``watch``.
+FOLLOW_TOKENS_JS = """
+let follow = true, kept = 0;
+element.addEventListener('scroll', (event) => {
+  const box = event.target;
+  if (!box.classList || !box.classList.contains('sv-stream')) return;
+  follow = box.scrollTop + box.clientHeight >= box.scrollHeight - 24;
+  kept = box.scrollTop;
+}, true);
+watch('value', () => {
+  const box = element.querySelector('.sv-stream');
+  if (!box) return;
+  if (box.querySelector('.sv-caret')) { box.scrollTop = follow ? box.scrollHeight : kept; return; }
+  follow = true;
+  const chosen = box.querySelector('.sv-sel');
+  if (chosen) {
+    box.scrollTop += chosen.getBoundingClientRect().top - box.getBoundingClientRect().top - box.clientHeight / 3;
+  }
+});
+"""
+
+
+def tokens_panel(value: str, **kwargs) -> gr.HTML:
+    """A token-stream panel that keeps the newest tokens (or the selected round) in view (``FOLLOW_TOKENS_JS``)."""
+    return gr.HTML(value, js_on_load=FOLLOW_TOKENS_JS, **kwargs)
+
 
 def plot(spec: dict) -> PlotData:
     """A plotly figure spec as ``gr.Plot`` data, serialised once with ``json`` (skips plotly's validation pass,
@@ -58,7 +87,7 @@ class RunView:
             round_slider = gr.Slider(0, 1, value=0, step=1, label="round", elem_id=f"{prefix}round-slider",
                                      scale=1, interactive=True)
             round_info = gr.HTML(panels.round_info_html(None), elem_id=f"{prefix}round-info")
-        tokens = gr.HTML(tokens_html(None, []), label="text so far", elem_id=f"{prefix}tokens")
+        tokens = tokens_panel(tokens_html(None, []), label="text so far", elem_id=f"{prefix}tokens")
         metrics = gr.HTML(panels.metrics_html(None), elem_id=f"{prefix}metrics")
         with gr.Accordion("Formulas (how every number is defined)", open=False, elem_id=f"{prefix}formulas"):
             gr.Markdown(panels.formulas_markdown())

@@ -26,6 +26,9 @@ from specviz.viz.text import label
 from specviz.viz.text import plot_escape as escape
 
 CUT_COLOR = "#e4e4e4"
+#: Height of the label strip gr.Plot lays over the figure's top-left corner: the panel titles sit below it.
+LABEL_STRIP_PX = 28
+TITLE_LINE_PX = 16
 CONFIDENCE_COLOR, SURVIVAL_COLOR, COST_COLOR, VALUE_COLOR = "#332288", "#AA4499", "#999999", "#117733"
 
 
@@ -149,8 +152,9 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
                          font=dict(size=12, color="#333333"))
                     for t, x in ((block_title, 0), (calibration_title, 0.62))]
     title_lines = 1 + max(block_title.count("<br>"), calibration_title.count("<br>"))
+    top = LABEL_STRIP_PX + 40 + TITLE_LINE_PX * title_lines
     layout = dict(
-        height=400 + 16 * title_lines, margin=dict(l=50, r=50, t=40 + 16 * title_lines, b=40), font=FONT,
+        height=LABEL_STRIP_PX + 400 + TITLE_LINE_PX * title_lines, margin=dict(l=50, r=50, t=top, b=40), font=FONT,
         plot_bgcolor="#ffffff",
         paper_bgcolor="#ffffff", barmode="overlay",
         legend=dict(orientation="h", x=0, y=-0.2, font=dict(size=10)),

@@ -23,7 +23,7 @@ class RunRecord:
     prefill_ms: float = 0.0
     summary: dict | None = None  # set once the run has finished (or was stopped)
     stop_reason: str = ""
-    calibration: dict | None = None  # short plain decode: {"tokens_per_s", "new_tokens", "key"}
+    calibration: dict | None = None  # short plain decode (``runner.calibrate``): tokens/s, decode tokens/s, its key…
     plain: dict | None = None  # full plain run on the same prompt: {"tokens_per_s", "token_ids", "elapsed_s"}
     source: str = "live"  # "live", "step" or "trace"
     name: str = ""  # trace file name, or a short description of a live run

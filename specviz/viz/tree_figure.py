@@ -27,6 +27,20 @@ PRUNED_COLOR = "#e4e4e4"
 #: Pruned nodes drawn per round, most confident first (a set closed under parents: a child is never more confident).
 MAX_PRUNED_SHOWN = 40
 LEGEND_ORDER = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.UNREACHED, Outcome.CORRECTION, Outcome.BONUS)
+MAX_HEIGHT_PX, ROW_PX, FRAME_PX = 900, 26, 100
+#: Below this many pixels per leaf row, labels of nodes the target never judged (never reached, pruned) are left to
+#: the hover text: at the node budget's upper end they would print over each other in an unreadable smear.
+MIN_LABEL_ROW_PX = 14
+
+
+def figure_height(rows: float) -> int:
+    """Pixels for a tree with ``rows`` leaf rows: ``ROW_PX`` a row, within [280, ``MAX_HEIGHT_PX``]."""
+    return int(min(MAX_HEIGHT_PX, max(280, FRAME_PX + ROW_PX * rows)))
+
+
+def row_px(height: int, rows: float) -> float:
+    """Vertical pixels per leaf row at ``height``."""
+    return (height - FRAME_PX) / max(rows, 1)
 
 
 def tree_graph(round_: Round) -> nx.DiGraph:
@@ -192,6 +206,15 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
         dict(type="scatter", x=path_x, y=path_y, mode="lines", hoverinfo="skip", name="accepted path",
              line=dict(color=OUTCOME_COLORS[Outcome.ACCEPTED], width=4)),
     ]
+    if selected is not None and selected in pos:  # under the nodes: on top, the ring would cross out its label
+        sx, sy = pos[selected]
+        traces.append(dict(type="scatter", x=[sx], y=[sy], mode="markers", hoverinfo="skip", showlegend=False,
+                           name="selected", marker=dict(size=28, color="rgba(0,0,0,0)",
+                                                        line=dict(color="#111111", width=2.5))))
+    rows = 1 + max(y for _, y in pos.values())
+    height = height or figure_height(rows)
+    crowded = row_px(height, rows) < MIN_LABEL_ROW_PX
+    dot = max(6, min(14, int(row_px(height, rows))))  # unlabelled dots shrink to the row pitch
     root_label = label(root_text) if root_text is not None else "▶"
     x, y = pos[ROOT]
     traces.append(dict(type="scatter", x=[x], y=[y], mode="markers+text", text=[root_label],
@@ -208,12 +231,13 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
             else:
                 texts.append(label(round_.text[node] if node < len(round_.text) else str(round_.tokens[node])))
                 hovers.append(_node_hover(round_, node, outcome, drafted_by[node] if drafted_by else None))
+        quiet = crowded and outcome is Outcome.UNREACHED
         traces.append(dict(
             type="scatter", x=[pos[n][0] for n in members], y=[pos[n][1] for n in members],
-            mode="markers+text", text=texts, textposition="middle right", hovertext=hovers, hoverinfo="text",
-            name=OUTCOME_LABELS[outcome], legendgroup=outcome.value,
-            marker=dict(size=[18 if n == EXTRA else 14 for n in members], color=OUTCOME_COLORS[outcome],
-                        symbol=["star" if n == EXTRA else "circle" for n in members],
+            mode="markers" if quiet else "markers+text", text=texts, textposition="middle right", hovertext=hovers,
+            hoverinfo="text", name=OUTCOME_LABELS[outcome], legendgroup=outcome.value,
+            marker=dict(size=[18 if n == EXTRA else dot if quiet else 14 for n in members],
+                        color=OUTCOME_COLORS[outcome], symbol=["star" if n == EXTRA else "circle" for n in members],
                         line=dict(color="#ffffff", width=1)),
             textfont=dict(color="#222222", size=12),
         ))
@@ -222,16 +246,12 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
         records = round_.meta["pruned"]
         texts = [records[i].get("text", f"#{records[i]['token']}") for _, i in pruned]
         traces.append(dict(
-            type="scatter", x=[pos[n][0] for n in pruned], y=[pos[n][1] for n in pruned], mode="markers+text",
+            type="scatter", x=[pos[n][0] for n in pruned], y=[pos[n][1] for n in pruned],
+            mode="markers" if crowded else "markers+text",
             text=[label(t) for t in texts], textposition="middle right", hoverinfo="text", name="pruned (not verified)",
             hovertext=[_pruned_hover(records[i], t) for (_, i), t in zip(pruned, texts, strict=True)],
-            marker=dict(size=10, color=PRUNED_COLOR, line=dict(color="#bbbbbb", width=1)),
+            marker=dict(size=min(10, dot), color=PRUNED_COLOR, line=dict(color="#bbbbbb", width=1)),
             textfont=dict(color="#aaaaaa", size=11)))
-    if selected is not None and selected in pos:
-        sx, sy = pos[selected]
-        traces.append(dict(type="scatter", x=[sx], y=[sy], mode="markers", hoverinfo="skip", showlegend=False,
-                           marker=dict(size=28, color="rgba(0,0,0,0)", line=dict(color="#111111", width=2.5))))
-    rows = 1 + max(y for _, y in pos.values())
     columns = max(x for x, _ in pos.values())
     column_labels = [dict(text=escape(text), x=depth, y=1.0, xref="x", yref="paper", yanchor="bottom",
                           showarrow=False, font=dict(size=11, color="#555555"))
@@ -241,7 +261,7 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
         f"+1 {round_.extra_kind}")
     layout = dict(
         title=dict(text=escape(heading), x=0.01, font=dict(size=14)),
-        height=height or int(min(900, max(280, 100 + 26 * rows))),
+        height=height,
         margin=dict(l=60, r=20, t=64 if column_labels else 40, b=10),
         annotations=column_labels,
         showlegend=True,

@@ -40,6 +40,13 @@ STREAMING = """() => {
     && document.querySelector('#speedup').innerText.includes('×');
 }"""
 
+#: True while the text panel overflows its box and is scrolled to its end (the newest tokens in view).
+FOLLOWING = """() => {
+  const box = document.querySelector('#tokens .sv-stream');
+  return document.querySelector('#status .sv-status').innerText.startsWith('Generating')
+    && box.scrollHeight > box.clientHeight + 50 && box.scrollTop + box.clientHeight >= box.scrollHeight - 30;
+}"""
+
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api",
@@ -267,6 +274,26 @@ def test_step_then_stop_mid_run(page):
     page.page.click("#stop")
     page.wait_status("Stopped by you after", timeout=60_000)
     page.shot("stopped")
+    page.fill("max-new-tokens", "24")
+
+
+def test_run_during_a_run_restarts_it_and_the_text_follows(page):
+    """Run mid-run restarts with the panel's current drafter (Gradio's default trigger dropped the click without a
+    word), and the text panel keeps the newest tokens in view while the run streams past its height."""
+    page.fill("max-new-tokens", "400")
+    page.page.click("#run")
+    page.page.wait_for_function(
+        "(m => m && +m[1] >= 3)(document.querySelector('#status').innerText.match(/Generating.* (\\d+) rounds/))",
+        timeout=LONG)
+    page.fill("drafter", "ngram:2")
+    page.page.click("#run")
+    page.page.wait_for_function(
+        "document.querySelector('#status .sv-status').innerText.includes('drafter ngram:2')", timeout=60_000)
+    page.page.wait_for_function(FOLLOWING, timeout=LONG)
+    page.shot("text-follows-the-stream")
+    page.page.click("#stop")
+    page.wait_status("Stopped by you after", timeout=60_000)
+    page.fill("drafter", "ngram")
     page.fill("max-new-tokens", "24")
 
 
