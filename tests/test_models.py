@@ -66,6 +66,28 @@ def test_hub_id_offline_is_one_line(monkeypatch, tmp_path):
     assert "offline" in one_line(error)
 
 
+def test_an_unreachable_hub_is_one_line_at_once(monkeypatch, tmp_path):
+    """No network (the hub's host does not resolve): the local cache only, at once, not half a minute of retries."""
+    import socket
+
+    from specviz.models import hub
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in hub.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    assert hub.local_only()
+    with pytest.raises(SpecvizError) as error:
+        load_model("someone/some-model-that-is-not-cached")
+    assert "unreachable from this machine" in one_line(error)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # a proxy may reach what DNS here does not
+    assert not hub.local_only()
+
+
 def test_missing_path_is_one_line(tmp_path):
     with pytest.raises(SpecvizError) as error:
         load_model(str(tmp_path / "nowhere" / "model.gguf"))

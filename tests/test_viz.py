@@ -196,6 +196,15 @@ def test_token_html_escapes_and_shows_whitespace():
     assert "↵" in html and "␣" in html
 
 
+def test_a_token_with_part_of_a_character_says_so():
+    """Byte-level tokens that hold part of an emoji show ∅, and their hover says why (the next token shows it all)."""
+    from specviz.viz.tokens import PART_OF_A_CHARACTER
+
+    r = make_round([-1, 0], [0, 1], texts=["", "🚀"], extra_text=" ok")
+    html = tokens_html([], [r])
+    assert "∅" in html and "🚀" in html and html.count(PART_OF_A_CHARACTER) == 1
+
+
 def test_html_token_and_labels():
     assert html_token("a b") == 'a<span class="sv-ws">␣</span><wbr>b'
     assert html_token("${x}") == "&#36;{x}"

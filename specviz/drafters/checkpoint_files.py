@@ -207,7 +207,8 @@ def resolve_source(source: str | Path, what: str, patterns: tuple[str, ...] = DE
     from huggingface_hub import snapshot_download
 
     repo, revision = hub.split_revision(text)
-    fetch = lambda files: snapshot_download(repo, revision=revision, local_files_only=hub.hub_offline(),  # noqa: E731
+    local = hub.local_only()
+    fetch = lambda files: snapshot_download(repo, revision=revision, local_files_only=local,  # noqa: E731
                                             allow_patterns=["config.json", *files])
     try:
         if choose_files is None:

@@ -24,7 +24,7 @@ import torch
 from specviz.errors import SpecvizError
 
 #: How drafters' ``describe()`` states the feature layers' numbering (the views and traces show it).
-NUMBERING = "hidden_states index (0 = embeddings, i = output of decoder layer i-1)"
+NUMBERING = "hidden_states index (0 = embeddings, i < L = output of decoder layer i-1, L = after the final norm)"
 
 
 @dataclass

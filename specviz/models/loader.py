@@ -285,7 +285,7 @@ def _load_hub(spec: str, runtime: Runtime) -> LoadedModel:
 
     repo, revision = hub.split_revision(spec)
     common = {"revision": revision, "trust_remote_code": policy.trust_remote_code(),
-              "local_files_only": hub.hub_offline()}
+              "local_files_only": hub.local_only()}
     try:
         config = AutoConfig.from_pretrained(repo, **common)
     except (OSError, ValueError) as error:

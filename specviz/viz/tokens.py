@@ -23,6 +23,9 @@ CSS_CLASS = {
     Outcome.BONUS: "sv-bonus",
 }
 
+#: What an empty token text means (``Target.piece_after``): a byte-level token with part of an emoji or CJK character.
+PART_OF_A_CHARACTER = "no text of its own: part of a character that a later token completes"
+
 
 def legend_html() -> str:
     items = "".join(
@@ -60,6 +63,8 @@ def round_spans(round_: Round, *, selected: bool = False) -> list[str]:
                       + (f", p_target {p:.3f}" if p is not None else ""))
         else:
             detail = f"{outcome.value} token (target's own choice after {accepted} accepted)"
+        if text == "":
+            detail += f" · {PART_OF_A_CHARACTER}"
         classes = f"sv-tok {CSS_CLASS[outcome]}" + (" sv-first" if j == 0 else "") + (" sv-sel" if selected else "")
         title = escape(f"round {round_.index} · {detail}")
         spans.append(f'<span class="{classes}" data-round="{round_.index}" title="{title}">{html_token(text)}</span>')
