@@ -113,7 +113,7 @@ def setup():
 def make_drafter(case: str, model: DFlashBackbone, pack: bool = True):
     if case == "dspark-scheduled":
         return DSparkDrafter(model, VOCAB, cost_curve=STEEP, pack=pack)
-    if case == "dspark-all":
+    if case in ("dspark-all", "dspark-tree"):
         return DSparkDrafter(model, VOCAB, schedule=False, pack=pack)
     if case == "dspark-raw":
         return DSparkDrafter(model, VOCAB, cost_curve=STEEP, pack=pack, calibrate=False)
@@ -121,7 +121,9 @@ def make_drafter(case: str, model: DFlashBackbone, pack: bool = True):
 
 
 CASES = {"dflash-chain": DraftBudget(k=5), "dflash-ddtree": DraftBudget(tree=True, width=3, depth=5, max_nodes=12),
-         "dspark-scheduled": DraftBudget(k=7), "dspark-all": DraftBudget(k=5), "dspark-raw": DraftBudget(k=7)}
+         "dspark-scheduled": DraftBudget(k=7), "dspark-all": DraftBudget(k=5), "dspark-raw": DraftBudget(k=7),
+         # a tree budget deeper than its node budget: DSpark's chain keeps to the node budget
+         "dspark-tree": DraftBudget(tree=True, width=3, depth=6, max_nodes=4)}
 
 
 @pytest.mark.parametrize("case", list(CASES))

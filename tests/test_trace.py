@@ -149,3 +149,26 @@ def test_the_header_says_which_kernels_ran_the_target():
     assert header["target"]["forward"] == "fast"
     assert header["target"]["linear_kernels"] == {"wide": choice["wide"], "plain_rows": choice["plain_rows"]}
     assert "linear_kernels" not in api.header_for(api.start(tiny.target("llama", VOCAB), PROMPT, None))["target"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_live_runs_with_pruned_nodes_schedules_and_draws_pass_validation(temperature):
+    """What the engine writes must read back: DSpark's schedule cuts and ``ngram:auto``'s (pruned records, q absent for
+    the lookup), a dynamic tree's pruned nodes, and the accept rule's draws, greedy and sampled."""
+    from specviz.drafters.dflash import DSparkDrafter, new_model
+    from specviz.drafters.ngram import NgramDrafter
+    from specviz.engine.cost_curve import CostCurve
+
+    target = tiny.target("llama", 64, layers=8, scale=25)
+    steep = CostCurve.from_points({1: 1.0, 2: 1.2, 4: 3.0, 8: 9.0}, "steep")
+    dspark = DSparkDrafter(new_model(target.model, "dspark", mask_token_id=63, seed=1, markov_rank=16), 64,
+                           cost_curve=steep)
+    cases = [(dspark, api.DraftBudget(k=7)), (NgramDrafter(schedule=steep), api.DraftBudget(k=6)),
+             (DraftModelDrafter(tiny.model(vocab_size=64, layers=1, seed=3), 64, stochastic_tree=True),
+              api.DraftBudget(tree=True, width=3, depth=4, max_nodes=5))]
+    config = api.GenerationConfig(max_new_tokens=30, sampling=api.SamplingConfig(temperature=temperature))
+    for drafter, budget in cases:
+        run = api.start(target, [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17], drafter, budget, config).run()
+        loaded = trace.loads(trace.dumps(api.header_for(run), run.rounds, api.summary_for(run)))
+        assert loaded.token_ids == run.token_ids
+    assert any(r.meta.get("pruned") for r in run.rounds)  # the dynamic tree cut some drafts

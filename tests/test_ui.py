@@ -177,13 +177,19 @@ def test_app_replays_a_trace_with_no_model(served, tmp_path):
     assert "no rounds" in out[0]
 
 
+def slow_run_showing(client, text: str):
+    """A long Playground run of the slow tiny target, once its status says ``text``."""
+    job = client.submit(*settings_args(target="tiny-slow", max_new_tokens=500), api_name="/run")
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(text in str(o[0]) for o in job.outputs()):
+        time.sleep(0.05)
+    return job
+
+
 def test_app_stop_mid_run(served):
     gradio_client, url = served
     client = gradio_client.Client(url, verbose=False)
-    job = client.submit(*settings_args(target="tiny-slow", max_new_tokens=500), api_name="/run")
-    deadline = time.time() + 60
-    while time.time() < deadline and not any("round" in str(o[0]) for o in job.outputs()):
-        time.sleep(0.05)
+    job = slow_run_showing(client, "round")
     stopped = client.predict(api_name="/stop")
     assert "Stopped by you after" in stopped[0]
     time.sleep(1.0)  # the stopped run's own callback must not draw a last frame over Stop's (it once said "Done")
@@ -195,10 +201,7 @@ def test_app_run_replaced_by_chain_vs_tree_says_so(served):
     must say it was stopped, not stay on "Generating" forever."""
     gradio_client, url = served
     client = gradio_client.Client(url, verbose=False)
-    job = client.submit(*settings_args(target="tiny-slow", max_new_tokens=500), api_name="/run")
-    deadline = time.time() + 60
-    while time.time() < deadline and not any("Generating" in str(o[0]) for o in job.outputs()):
-        time.sleep(0.05)
+    job = slow_run_showing(client, "Generating")
     client.predict(False, "", "", *settings_args(target="tiny-slow", max_new_tokens=6), api_name="/compare")
     last = job.result(timeout=60)[0]
     assert "another run started in this browser session" in last and "Generating" not in last

@@ -63,12 +63,12 @@ def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter], ref
     return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
 
 
-def _check_lengths(target: Target, prompts: list[BenchPrompt], encoded: list[list[int]], specs: list[RunSpec],
+def _check_lengths(target: Target, prompts: list[BenchPrompt], encoded: list[list[int]],
                    config: GenerationConfig) -> None:
-    """Refuse up front a prompt that cannot fit the context window, rather than after minutes of runs."""
-    depth = max((s.budget.max_depth for s in specs if s.budget is not None), default=0)
+    """Refuse up front a prompt that cannot fit the context window, rather than after minutes of runs (the engine's
+    rule: drafts never reach past the last new token, so the prompt and the new tokens must fit)."""
     for prompt, ids in zip(prompts, encoded):
-        if len(ids) + config.max_new_tokens + depth + 1 > target.max_positions:
+        if len(ids) + config.max_new_tokens > target.max_positions:
             raise SpecvizError(f"prompt #{prompt.question_id} ({prompt.category}) is {len(ids)} tokens: with "
                                f"{config.max_new_tokens} new tokens it overflows {target.name}'s "
                                f"{target.max_positions}-token context")
@@ -90,7 +90,7 @@ def run_suite(
     Plain decoding and specviz's rows run on ``target``; transformers' rows on ``reference`` when given.
     """
     encoded = [target.encode_prompt(p.text, chat=chat) for p in prompts]  # fails early on a bad prompt
-    _check_lengths(target, prompts, encoded, specs, config)
+    _check_lengths(target, prompts, encoded, config)
     runners = {spec.name: make_runner(spec, target, drafters, reference) for spec in specs}
     plain: Runner = lambda ids, cfg: run_specviz(target, ids, cfg)  # noqa: E731
     warm = replace(config, max_new_tokens=min(WARM_UP_TOKENS, config.max_new_tokens))

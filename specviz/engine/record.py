@@ -1,4 +1,5 @@
-"""Building a round's view record from what the round computed: a pure function, outside the timed round.
+"""Building a round's view record from what the round computed: a pure function, run after the round's forward
+(its time counts in the round's overhead, ``other_ms``).
 
 Views need more than the loop does: the target's and the draft's top-k per verified row, entropies, token texts.
 The plain baseline turns ``detail`` off and pays only for the node probabilities.

@@ -14,13 +14,10 @@ REPLACEMENT = "\ufffd"
 #: How many earlier tokens a token's display text may depend on: the run of tokens since the last one that decodes
 #: cleanly on its own (a few emoji or CJK characters in a row), at most this many.
 PIECE_CONTEXT = 8
+#: A plain sentence: whether its tokens, decoded one by one, join into it says how the tokenizer decodes.
+JOIN_PROBE = "The quick brown fox jumps over the lazy dog."
 #: Contextual display texts kept per target (cleared when full: each costs two short decodes to rebuild).
 PIECES_AFTER_CACHE = 65536
-
-
-def _held_back(text: str) -> str:
-    """``text`` without a trailing incomplete character (the replacement characters its bytes decode to)."""
-    return text.rstrip(REPLACEMENT)
 
 
 @dataclass
@@ -40,6 +37,8 @@ class Target:
     forward: str = "hf"
     _pieces: dict[int, str] = field(default_factory=dict, repr=False)
     _pieces_after: dict[tuple[int, ...], str] = field(default_factory=dict, repr=False)
+    _joins_alone: bool | None = field(default=None, repr=False)
+    _partial: dict[int, bool] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_loaded(cls, loaded, model: torch.nn.Module | None = None, forward: str = "hf") -> Target:
@@ -90,28 +89,69 @@ class Target:
         return text
 
     def piece_after(self, before: Sequence[int], token_id: int) -> str:
-        """Display text of ``token_id`` where it follows ``before``.
+        """Display text of ``token_id`` where it follows ``before``, so the pieces of a text join into its decoded text.
 
-        Byte-level tokenizers split an emoji or a CJK character over several tokens, and each part decodes to U+FFFD
-        on its own. Here the parts show "" and the token completing the character shows all of it (as a streamer
-        holds back an incomplete character), so the pieces of a text join into its decoded text."""
+        Byte-level tokenizers (and SentencePiece's byte fallback) split an emoji or a CJK character over several tokens,
+        and each part decodes to U+FFFD on its own: here the parts show "" and the token completing the character shows
+        all of it (as a streamer holds back an incomplete character). SentencePiece tokenizers (Llama 2, Vicuna,
+        Mistral) drop a token's leading space when it is decoded alone: here it keeps the space it has in the text."""
         alone = self.piece(token_id)
-        if REPLACEMENT not in alone:
+        partial, joins = self.partial(token_id), self.joins_alone()
+        if not partial and (joins or not before):
             return alone
-        tail: list[int] = []  # the tokens since the last clean one, which ends on a character boundary
-        for token in reversed(before[-PIECE_CONTEXT:]):
-            if REPLACEMENT not in self.piece(token):
-                break
-            tail.insert(0, int(token))
-        key = (*tail, int(token_id))
+        recent = [int(t) for t in before[-PIECE_CONTEXT:]]
+        run: list[int] = []  # the parts of characters right before this token
+        while recent and self.partial(recent[-1]):
+            run.insert(0, recent.pop())
+        anchor = recent[-1:] if not (partial or run) else []  # SentencePiece: what the token's leading space follows
+        key = (*anchor, -1, *run, int(token_id))
         text = self._pieces_after.get(key)
         if text is None:
-            held, grown = _held_back(self._decode_raw(list(key[:-1]))), _held_back(self._decode_raw(list(key)))
-            text = grown[len(held):] if grown.startswith(held) else alone
+            text = self._text_after(anchor, run, int(token_id), partial)
             if len(self._pieces_after) >= PIECES_AFTER_CACHE:
                 self._pieces_after.clear()
             self._pieces_after[key] = text
         return text
+
+    def _text_after(self, anchor: list[int], run: list[int], token_id: int, partial: bool) -> str:
+        """What ``token_id`` adds to the text after ``anchor`` (a whole token) and ``run`` (parts of characters)."""
+        # the run may end whole characters before the one in progress: split it after the last that does
+        cut = next((b for b in range(len(run), 0, -1) if REPLACEMENT not in self._decode_raw(run[:b])), 0)
+        clean, pending = run[:cut], run[cut:]
+        if partial:  # bytes join bytes: the character in progress is all it needs (byte fallback decodes a run of
+            clean = []  # byte tokens as a whole, so whole characters before it must stay out)
+        elif not run:
+            clean = anchor
+        keep = len(self._decode_raw(clean))  # whole characters: nothing of theirs is held back
+        held = self._shown([*clean, *pending], keep)
+        grown = self._shown([*clean, *pending, token_id], keep if partial else None)
+        return grown[len(held):] if grown.startswith(held) else self.piece(token_id)
+
+    def _shown(self, token_ids: list[int], keep: int | None) -> str:
+        """``token_ids`` decoded, less the U+FFFD of a character still in progress at the end (past the first
+        ``keep`` characters, which are whole); ``keep`` None: nothing held back."""
+        text = self._decode_raw(token_ids)
+        if keep is None:
+            return text
+        return max(text.rstrip(REPLACEMENT), text[:keep], key=len)
+
+    def partial(self, token_id: int) -> bool:
+        """Whether the token holds part of a character (it decodes to U+FFFD alone), as opposed to a token that is the
+        U+FFFD character itself (web text has it: its text encodes back to the token)."""
+        found = self._partial.get(token_id)
+        if found is None:
+            alone = self.piece(token_id)
+            found = REPLACEMENT in alone and list(self.tokenizer.encode(alone, add_special_tokens=False)) != [token_id]
+            self._partial[token_id] = found
+        return found
+
+    def joins_alone(self) -> bool:
+        """Whether tokens decoded one by one join into the text decoded at once (byte-level BPE: yes, apart from
+        split characters; SentencePiece and word-level tokenizers: no), probed once on a plain sentence."""
+        if self._joins_alone is None:
+            ids = list(self.tokenizer.encode(JOIN_PROBE, add_special_tokens=False))
+            self._joins_alone = "".join(self._decode_raw([i]) for i in ids) == self._decode_raw(ids)
+        return self._joins_alone
 
     def pieces(self, token_ids: list[int], before: Sequence[int] = ()) -> list[str]:
         """Display texts of ``token_ids`` in a row, following ``before`` (``piece_after`` each)."""

@@ -24,7 +24,7 @@ def hub_offline() -> bool:
 
 
 #: Proxy settings under which the hub may be reachable although its host name does not resolve here.
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def hub_unreachable() -> bool:

@@ -24,7 +24,7 @@ CSS_CLASS = {
 }
 
 #: What an empty token text means (``Target.piece_after``): a byte-level token with part of an emoji or CJK character.
-PART_OF_A_CHARACTER = "no text of its own: part of a character that a later token completes"
+PART_OF_A_CHARACTER = "no text of its own (usually part of a character that a later token completes)"
 
 
 def legend_html() -> str:
