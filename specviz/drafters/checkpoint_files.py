@@ -37,7 +37,6 @@ class TargetShape:
         return cls(int(get("hidden_size")), int(get("num_hidden_layers")), int(vocab_size or get("vocab_size")))
 
 
-
 def shipped_dir(target: str, kind: str) -> Path:
     """Where the drafter of family ``kind`` trained for a target registry name is shipped."""
     from specviz.models.registry import ASSETS_MODELS
@@ -95,12 +94,9 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
     from specviz.models.safetensors_check import validate_safetensors
 
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        except (ValueError, KeyError, TypeError) as error:
-            raise SpecvizError(f"{index} is not a valid safetensors index ({error})") from None
+    weight_map = _weight_map(folder)
+    if weight_map is not None:
+        files = [folder / f for f in sorted(set(weight_map.values()))]
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
     else:
@@ -117,16 +113,23 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return load_pickle(binary)
 
 
+def _weight_map(folder: Path) -> dict[str, str] | None:
+    """Tensor name -> shard file of a sharded checkpoint's index, or None when it has none."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    try:
+        return dict(json.loads(index.read_text())["weight_map"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise SpecvizError(f"{index} is not a valid safetensors index ({error})") from None
+
+
 def _safetensors_files(folder: Path) -> dict[Path, list[str]] | None:
     """Safetensors file -> its tensor names (from the headers or the index), or None when there are none."""
     from specviz.models.safetensors_check import tensor_shapes
 
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise SpecvizError(f"{index} is not a valid safetensors index ({error})") from None
+    weight_map = _weight_map(folder)
+    if weight_map is not None:
         files: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
             files.setdefault(folder / file, []).append(name)

@@ -151,8 +151,6 @@ def measured(target: Target, widest: int) -> CostCurve:
     return curves[widest]
 
 
-
-
 @dataclass(frozen=True)
 class Schedule:
     """A chosen verify length and the scan behind it: ``values[l - 1]`` is the expected committed tokens per

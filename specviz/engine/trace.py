@@ -49,9 +49,26 @@ def _or_none(check):
     return lambda value: value is None or check(value)
 
 
+def _is_bool(value) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_str(value) -> bool:
+    return isinstance(value, str)
+
+
+def _is_dict(value) -> bool:
+    return isinstance(value, dict)
+
+
+def _entries(checks: dict):
+    """A dict whose entries named in ``checks``, where present, pass their checks."""
+    return lambda value: _is_dict(value) and all(check(value[k]) for k, check in checks.items() if k in value)
+
+
 def _is_choice(value) -> bool:
     return (isinstance(value, dict) and _is_token(value.get("id")) and _is_probability(value.get("p"))
-            and isinstance(value.get("text"), str))
+            and _is_str(value.get("text")))
 
 
 _CHOICES = _list_of(_is_choice)
@@ -59,44 +76,35 @@ _CHOICES = _list_of(_is_choice)
 #: further guards, so a hand-edited trace is refused here with one line rather than failing in a view.
 ROUND_FIELDS = {
     "index": _is_int, "start": _is_int, "tokens": _list_of(_is_token), "parents": _list_of(_is_int),
-    "text": _list_of(lambda v: isinstance(v, str)), "q_draft": _or_none(_list_of(_is_probability)),
-    "confidence": _or_none(_list_of(_is_probability)), "sampled": lambda v: isinstance(v, bool),
+    "text": _list_of(_is_str), "q_draft": _or_none(_list_of(_is_probability)),
+    "confidence": _or_none(_list_of(_is_probability)), "sampled": _is_bool,
     "p_target": _list_of(_is_probability), "target_top": _list_of(_CHOICES),
     "draft_top": _or_none(_list_of(_CHOICES)), "target_entropy": _list_of(_is_nonnegative),
-    "accepted": _list_of(_is_int), "extra_token": _is_token, "extra_text": lambda v: isinstance(v, str),
-    "extra_kind": lambda v: isinstance(v, str), "committed": _list_of(_is_token),
-    "committed_text": _list_of(lambda v: isinstance(v, str)), "draws": _list_of(lambda v: isinstance(v, dict)),
-    "residual_top": _or_none(_CHOICES), "rule": lambda v: isinstance(v, str),
-    "lossless": lambda v: isinstance(v, bool), "draft_ms": _is_nonnegative, "verify_ms": _is_nonnegative,
+    "accepted": _list_of(_is_int), "extra_token": _is_token, "extra_text": _is_str,
+    "extra_kind": _is_str, "committed": _list_of(_is_token),
+    "committed_text": _list_of(_is_str), "draws": _list_of(_is_dict),
+    "residual_top": _or_none(_CHOICES), "rule": _is_str,
+    "lossless": _is_bool, "draft_ms": _is_nonnegative, "verify_ms": _is_nonnegative,
     "other_ms": _is_nonnegative,
 }
 #: Optional round fields (a trace may leave them out).
-OPTIONAL_ROUND_FIELDS = {"finished": lambda v: isinstance(v, bool), "meta": lambda v: isinstance(v, dict)}
-#: Header entries the views read, and what each must be when present.
-def _entries(checks: dict):
-    """A dict whose entries named in ``checks``, where present, pass their checks."""
-    return lambda value: isinstance(value, dict) and all(check(value[k]) for k, check in checks.items() if k in value)
-
-
-def _is_bool(value) -> bool:
-    return isinstance(value, bool)
-
-
+OPTIONAL_ROUND_FIELDS = {"finished": _is_bool, "meta": _is_dict}
 #: The run's generation settings and draft budget, as the views read them (``GenerationConfig`` / ``DraftBudget``).
 CONFIG_ENTRIES = {"max_new_tokens": _is_int, "seed": _or_none(_is_int), "temperature": _is_nonnegative,
                   "top_p": _is_probability, "top_k": _is_int}
 BUDGET_ENTRIES = {"tree": _is_bool, "k": _is_int, "width": _is_int, "depth": _is_int, "max_nodes": _is_int,
                   "min_draft_prob": _or_none(_is_probability)}
-HEADER_FIELDS = {"target": lambda v: isinstance(v, dict), "drafter": _or_none(lambda v: isinstance(v, dict)),
+#: Header entries the views read, and what each must be when present.
+HEADER_FIELDS = {"target": _is_dict, "drafter": _or_none(_is_dict),
                  "config": _entries(CONFIG_ENTRIES), "budget": _or_none(_entries(BUDGET_ENTRIES)),
-                 "prompt": lambda v: isinstance(v, dict)}
+                 "prompt": _is_dict}
 #: Summary entries the views read, when present.
-SUMMARY_FIELDS = {"token_ids": _list_of(_is_int), "text": lambda v: isinstance(v, str),
+SUMMARY_FIELDS = {"token_ids": _list_of(_is_int), "text": _is_str,
                   "elapsed_s": _or_none(_is_nonnegative), "prefill_ms": _or_none(_is_nonnegative),
-                  "stop_reason": lambda v: isinstance(v, str), "metrics": lambda v: isinstance(v, dict),
-                  "calibration": _or_none(lambda v: isinstance(v, dict) and all(
-                      _is_number(v[k]) for k in ("tokens_per_s", "decode_tokens_per_s", "new_tokens") if k in v)),
-                  "baseline": _or_none(lambda v: isinstance(v, dict) and _or_none(_is_number)(v.get("tokens_per_s"))),
+                  "stop_reason": _is_str, "metrics": _is_dict,
+                  "calibration": _or_none(_entries(dict.fromkeys(("tokens_per_s", "decode_tokens_per_s", "new_tokens"),
+                                                                 _is_number))),
+                  "baseline": _or_none(_entries({"tokens_per_s": _or_none(_is_number)})),
                   "speedup": _or_none(_is_number)}
 
 
@@ -272,8 +280,8 @@ def _is_draw(draw, nodes: int) -> bool:
 PRUNED_REQUIRED = {"token", "depth", "q", "confidence"}
 #: A pruned node's entries besides its links (``dynamic_tree._pruned``, ``cost_curve.cut_tail``).
 PRUNED_ENTRIES = {"token": _is_token, "depth": _is_int, "q": _or_none(_is_probability),
-                  "confidence": _is_probability, "score": _is_number, "text": lambda v: isinstance(v, str),
-                  "reason": lambda v: isinstance(v, str), "head": _is_int, "module": _is_int}
+                  "confidence": _is_probability, "score": _is_number, "text": _is_str,
+                  "reason": _is_str, "head": _is_int, "module": _is_int}
 
 
 def _is_pruned(node, index: int, nodes: int) -> bool:
