@@ -177,3 +177,66 @@ def test_a_draft_beyond_its_budget_is_refused(target):
     with pytest.raises(SpecvizError) as error:
         run.run()
     assert "greedy-drafter proposed 3 nodes 3 deep, beyond its budget (chain k=2)" in one_line(error)
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("eagle3:someone/no-such-head", "hub is offline"),
+    ("dspark:fixed:someone/no-such-block", "hub is offline"),
+    ("hybrid:medusa:someone/no-such-heads", "hub is offline"),
+    ("model:someone/no-such-draft", "hub is offline"),
+    ("mtp:/no/such/dir", "no such directory, and not a hub id"),
+    ("model:/no/such/dir", "no such file or directory"),
+    ("model:no-such-name", "unknown model 'no-such-name'"),
+])
+def test_an_unloadable_drafter_argument_is_refused_before_any_model_loads(spec, says, monkeypatch, tmp_path):
+    """The spec parser refuses what cannot load, so a run does not first spend the target's load on it."""
+    from specviz.drafters import registry
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(SpecvizError) as error:
+        registry.parse(spec)
+    assert says in one_line(error)
+
+
+def _cache_hub_repo(monkeypatch, home, repo: str) -> None:
+    """A hub repository in the local cache's layout (refs/main -> snapshots/<commit>/config.json); huggingface_hub
+    reads the cache folder from the environment once, at import."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    folder = home / "hub" / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / "config.json").write_text("{}")
+
+
+def test_a_cached_hub_id_passes_the_check_offline(monkeypatch, tmp_path):
+    from specviz.drafters import registry
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _cache_hub_repo(monkeypatch, tmp_path / "hf", "someone/cached-head")
+    assert registry.parse("eagle3:someone/cached-head")[1] == "someone/cached-head"
+    with pytest.raises(SpecvizError, match="not in the local cache"):
+        registry.parse("eagle3:someone/other-head")
+
+
+def test_the_allowlist_covers_drafter_checkpoints(monkeypatch, tmp_path):
+    """A public Space's allowlist names what may load: a head from a path or hub id it does not name is refused;
+    the shipped heads (the bare names) are what the operator deployed and pass."""
+    from specviz.drafters import registry
+
+    monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", "smollm2-135m,allowed/*")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _cache_hub_repo(monkeypatch, tmp_path / "hf", "someone/cached-head")
+    _cache_hub_repo(monkeypatch, tmp_path / "hf", "allowed/head")
+    for spec in (f"eagle3:{tmp_path}", "eagle3:someone/cached-head", "hybrid:dflash:someone/cached-head"):
+        with pytest.raises(SpecvizError) as error:
+            registry.parse(spec)
+        assert "is not allowed here" in one_line(error)
+    assert registry.parse("eagle3:allowed/head")[1] == "allowed/head"
+    assert registry.parse("eagle3")[1] == ""

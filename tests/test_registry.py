@@ -135,7 +135,7 @@ def test_bad_ngram_size(target, spec):
 
 
 def test_drafter_lists():
-    assert registry.parse_list("ngram, model:x") == ["ngram", "model:x"]
+    assert registry.parse_list("ngram, model:smollm2-135m-draft") == ["ngram", "model:smollm2-135m-draft"]
     for text, fragment in (("", "is empty"), ("ngram,,ngram:2", "empty entry"), ("ngram,ngram", "listed twice"),
                            ("ngram,nosuch", "unknown drafter 'nosuch' in --drafters")):
         with pytest.raises(SpecvizError, match=fragment):

@@ -120,7 +120,7 @@ def _precision_drafters(specs: list[str], quants: list[str], target, values) -> 
     drafters: dict = {}
     precisions: dict[str, tuple[str, ...]] = {}
     for spec in specs:
-        if "draft_quant" not in registry.parse(spec)[0].reads:
+        if "draft_quant" not in registry.family_of(spec).reads:
             continue
         resolved = []
         for quant in quants:

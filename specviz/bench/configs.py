@@ -70,7 +70,7 @@ def build_specs(
     tree = replace(budget, tree=True)
     specs: list[RunSpec] = []
     for drafter in drafters:
-        reads = registry.parse(drafter)[0].reads  # only families that read a setting get its variants
+        reads = registry.family_of(drafter).reads  # only families that read a setting get its variants
         trimmed = f" vocab<{draft_vocab}" if draft_vocab and "draft_vocab" in reads else ""
         quants = draft_quants.get(drafter, ("off",)) if isinstance(draft_quants, Mapping) else draft_quants
         for quant in quants if "draft_quant" in reads else ("off",):
@@ -83,7 +83,7 @@ def build_specs(
         return specs
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))
     for drafter in drafters:
-        family = registry.parse(drafter)[0].name
+        family = registry.family_of(drafter).name
         if family == "model":
             stop = f" stop<{chain.min_draft_prob:g}" if chain.min_draft_prob else ""
             specs.append(RunSpec(

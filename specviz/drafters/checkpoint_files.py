@@ -190,6 +190,36 @@ def write(folder: Path, config: dict, tensors: dict[str, torch.Tensor], filename
     return folder
 
 
+def check_source(text: str, what: str) -> str:
+    """``text`` when it names a checkpoint directory or a hub id that can be fetched, checked before any model loads;
+    a one-line error otherwise."""
+    from specviz.models import hub
+
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise SpecvizError(f"{what} {text}: not a directory")
+        return text
+    if not hub.looks_like_hub_id(text):
+        raise SpecvizError(f"{what} {text!r}: no such directory, and not a hub id (owner/name)")
+    hub.check_fetchable(text)
+    return text
+
+
+def argument_check(what: str) -> Callable[[str], str]:
+    """A registry ``check`` for a ``family[:<dir|hub id>]`` argument: the empty one (the shipped checkpoint) passes;
+    a directory or hub id must be loadable and, when the operator set an allowlist, named by it."""
+    def check(argument: str) -> str:
+        from specviz.models import policy
+
+        if argument:
+            check_source(argument, what)
+            path = Path(argument).expanduser()
+            policy.check_allowed(argument, str(path.resolve()) if path.exists() else "")
+        return argument
+    return check
+
+
 def resolve_source(source: str | Path, what: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS,
                    choose_files: Callable[[Path], list[str]] | None = None) -> tuple[Path, str]:
     """(local folder, display name) of a checkpoint directory or a hub id, downloaded with the hub helpers' errors.
@@ -199,14 +229,10 @@ def resolve_source(source: str | Path, what: str, patterns: tuple[str, ...] = DE
     """
     from specviz.models import hub
 
-    text = str(source)
+    text = check_source(str(source), what)
     path = Path(text).expanduser()
     if path.is_dir():
         return path, text
-    if path.exists():
-        raise SpecvizError(f"{what} {text}: not a directory")
-    if not hub.looks_like_hub_id(text):
-        raise SpecvizError(f"{what} {text!r}: no such directory, and not a hub id (owner/name)")
     from huggingface_hub import snapshot_download
 
     repo, revision = hub.split_revision(text)

@@ -38,7 +38,7 @@ Loaders for our folder and the published layouts: ``specviz.drafters.dflash_layo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -642,6 +642,16 @@ def split_argument(kind: str, argument: str) -> tuple[str, str | None]:
     return argument, CALIBRATED
 
 
+def _argument_check(kind: str) -> Callable[[str], str]:
+    """The registry check: the source part of the argument (after DSpark's mode) must be loadable."""
+    check_source = checkpoint_files.argument_check("block drafter")
+
+    def check(argument: str) -> str:
+        check_source(split_argument(kind, argument)[0])
+        return argument
+    return check
+
+
 def _builder(kind: str):
     def build(argument: str, target: Target, settings: Mapping[str, Any]) -> BlockDrafter:
         source, mode = split_argument(kind, argument)
@@ -683,6 +693,7 @@ FAMILIES = {kind: register(DrafterFamily(
     reads=("draft_quant",),
     feature_layers=layouts.default_feature_layers,
     features=FEATURES,
+    check=_argument_check(kind),
     checkpoints=checkpoint_files.shipped(kind),
     trainer=kind,  # specviz train dflash / dspark (specviz.training.trainers.dflash)
     order=40 if kind == "dflash" else 41,

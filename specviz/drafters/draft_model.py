@@ -158,6 +158,15 @@ def _build(argument: str, target, settings) -> DraftModelDrafter:
                              draft_quant=settings["draft_quant"])
 
 
+def _check(argument: str) -> str:
+    """Refuse a draft model that cannot load (unknown name, missing path, not allowlisted, unreachable hub id) before
+    the target loads."""
+    from specviz.models import check_spec
+
+    check_spec(argument)
+    return argument
+
+
 def shipped_drafts(target: str) -> list[str]:
     """Registry names of the draft models trained for ``target`` whose files are present."""
     try:
@@ -181,6 +190,7 @@ FAMILY = register(DrafterFamily(
     description="an independent small LM with the target's tokenizer drafts a chain or a dynamic tree "
                 "(registry name, model directory or hub id)",
     build=_build,
+    check=_check,
     reads=("stochastic_tree", "min_draft_prob", "draft_vocab", "draft_quant", "device"),
     argument_required=True,
     checkpoints=shipped_drafts,

@@ -540,6 +540,7 @@ FAMILIES = {kind: register(DrafterFamily(
     feature_layers=lambda num_layers, kind=kind: layouts.default_feature_layers(kind, num_layers),
     features=("`hidden_states[L]` (after the final norm)" if kind == "eagle" else
               "`hidden_states[2]`, `[L//2]`, `[L-3]` (the inputs of layers 2, L//2, L-3)"),
+    check=checkpoint_files.argument_check("EAGLE head"),
     checkpoints=checkpoint_files.shipped(kind),
     trainer=kind,  # specviz train eagle / eagle3 (specviz.training.trainers.eagle)
     order=30 if kind == "eagle" else 31,

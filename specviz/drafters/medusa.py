@@ -461,6 +461,7 @@ FAMILY = register(DrafterFamily(
     reads=("min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as Medusa reads the base model's output)",
+    check=checkpoint_files.argument_check("Medusa heads"),
     checkpoints=checkpoint_files.shipped("medusa"),
     trainer="medusa",  # specviz train medusa (specviz.training.trainers.medusa)
     order=34,

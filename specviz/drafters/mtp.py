@@ -559,6 +559,7 @@ FAMILY = register(DrafterFamily(
     reads=("stochastic_tree", "min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as published MTP layers are fed)",
+    check=checkpoint_files.argument_check("MTP modules"),
     checkpoints=checkpoint_files.shipped("mtp"),
     trainer="mtp",  # specviz train mtp (specviz.training.trainers.mtp)
     order=33,

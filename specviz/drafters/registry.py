@@ -112,7 +112,9 @@ def known() -> str:
 
 
 def parse(spec: str, *, where: str = "") -> tuple[DrafterFamily, str]:
-    """``(family, argument)`` of a drafter spec, or a one-line error listing the known families. No model loads."""
+    """``(family, argument)`` of a drafter spec, or a one-line error listing the known families. No model loads, but
+    the family's ``check`` refuses an argument that cannot load (a missing directory, an unknown name, a hub id that is
+    neither reachable nor cached, a source the allowlist does not name), so a run fails before loading its target."""
     if spec is not None and not isinstance(spec, str):
         raise SpecvizError(f"a drafter spec is text such as 'ngram' or 'eagle3', not {spec!r}")
     spec = (spec or "").strip()
@@ -130,6 +132,12 @@ def parse(spec: str, *, where: str = "") -> tuple[DrafterFamily, str]:
     if family.check is not None:
         argument = family.check(argument)
     return family, argument
+
+
+def family_of(spec: str) -> DrafterFamily:
+    """The family a spec names, its argument unchecked: for specs already parsed (a bench row's drafter) and for labels
+    of drafters built in-process. ``parse`` checks the argument too."""
+    return get(str(spec).partition(":")[0].strip())
 
 
 def parse_list(text: str, option: str = "--drafters") -> list[str]:

@@ -5,7 +5,7 @@ Feature-layer convention used across specviz: HF ``hidden_states[i]`` is the out
 """
 
 from specviz.models.device import Runtime, choose_attn_implementation, choose_device, choose_dtype, choose_runtime
-from specviz.models.loader import LoadedModel, clear_cache, load_model, load_tokenizer
+from specviz.models.loader import LoadedModel, check_spec, clear_cache, load_model, load_tokenizer
 from specviz.models.registry import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -33,6 +33,7 @@ __all__ = [
     "drafts_for",
     "get_entry",
     "list_models",
+    "check_spec",
     "load_model",
     "load_tokenizer",
 ]

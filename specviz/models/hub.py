@@ -51,6 +51,21 @@ def split_revision(spec: str) -> tuple[str, str | None]:
     return repo, revision or None
 
 
+def check_fetchable(spec: str) -> None:
+    """Refuse at once, before any model loads, a hub id that can only come from the local cache and is not in it."""
+    if not local_only():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, revision = split_revision(spec)
+    try:
+        cached = try_to_load_from_cache(repo, "config.json", revision=revision)
+    except Exception as error:  # noqa: BLE001 - a malformed id or revision; hub_error words it
+        raise hub_error(spec, error) from None
+    if not isinstance(cached, str):
+        raise hub_error(spec, FileNotFoundError("not in the local cache"))
+
+
 def hub_error(spec: str, error: Exception) -> SpecvizError:
     """Turn a hub/download failure into a one-line error that says what to do."""
     if hub_offline():

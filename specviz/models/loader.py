@@ -96,39 +96,52 @@ def load_model(spec: str, *, role: str = "target", device: str | None = None, dt
         return loaded
 
 
-def _load_uncached(spec: str, role: str, runtime: Runtime) -> LoadedModel:
-    """Dispatch on what ``spec`` is; every failure the user can fix is a one-line SpecvizError."""
+def check_spec(spec: str) -> None:
+    """Refuse, before anything loads, a spec that cannot load: an unknown name, a missing path, a model the allowlist
+    does not name, or a hub id that is neither reachable nor in the local cache. One line each."""
     entry = REGISTRY.get(spec)
     if entry is not None:
         path = entry.resolve_path() if entry.kind != "hub" else None
         policy.check_allowed(spec, entry.location, str(path or ""))
         if entry.kind == "hub":
+            hub.check_fetchable(entry.location)
+        return
+    path = Path(spec).expanduser()
+    if path.exists():
+        policy.check_allowed(spec, str(path.resolve()))
+        if not path.is_dir() and path.suffix.lower() != ".gguf":
+            raise SpecvizError(f"{spec}: expected a model directory or a .gguf file")
+    elif hub.looks_like_hub_id(spec):
+        policy.check_allowed(spec)
+        hub.check_fetchable(spec)
+    elif spec.endswith(".gguf") or "/" in spec or spec.startswith((".", "~")):
+        raise SpecvizError(f"no such file or directory: {spec}")
+    else:
+        get_entry(spec)  # raises the "unknown model, known names are ..." error
+
+
+def _load_uncached(spec: str, role: str, runtime: Runtime) -> LoadedModel:
+    """Dispatch on what ``spec`` is (``check_spec`` has refused what cannot load)."""
+    check_spec(spec)
+    entry = REGISTRY.get(spec)
+    if entry is not None:
+        if entry.kind == "hub":
             loaded = _load_hub(entry.location, runtime)
         elif entry.kind == "embedded-gguf":
-            loaded = _load_gguf(path, runtime)
+            loaded = _load_gguf(entry.resolve_path(), runtime)
         else:
             fallback = entry.tokenizer_from
-            loaded = _load_local_dir(path, runtime,
+            loaded = _load_local_dir(entry.resolve_path(), runtime,
                                      tokenizer_fallback=(lambda: _tokenizer_source(fallback)) if fallback else None)
         loaded.target = entry.target
     else:
         path = Path(spec).expanduser()
-        if path.exists():
-            policy.check_allowed(spec, str(path.resolve()))
-            if path.is_dir():
-                loaded = _load_local_dir(path, runtime)
-            elif path.suffix.lower() == ".gguf":
-                loaded = _load_gguf(path, runtime)
-            else:
-                raise SpecvizError(f"{spec}: expected a model directory or a .gguf file")
-        elif hub.looks_like_hub_id(spec):
-            policy.check_allowed(spec)
-            loaded = _load_hub(spec, runtime)
-        elif spec.endswith(".gguf") or "/" in spec or spec.startswith((".", "~")):
-            raise SpecvizError(f"no such file or directory: {spec}")
+        if path.is_dir():
+            loaded = _load_local_dir(path, runtime)
+        elif path.exists():
+            loaded = _load_gguf(path, runtime)
         else:
-            get_entry(spec)  # raises the "unknown model, known names are ..." error
-            raise AssertionError("unreachable")
+            loaded = _load_hub(spec, runtime)
     loaded.name = spec
     loaded.role = role
     return loaded

@@ -90,7 +90,7 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
         row = by_category[category]
         for drafter in drafters:
             shapes = [("chain", {**larger, "tree": False}), ("tree", {**larger, "tree": True})]
-            if "stochastic_tree" in registry.parse(drafter)[0].reads:  # it has q: show rejection sampling too
+            if "stochastic_tree" in registry.family_of(drafter).reads:  # it has q: show rejection sampling too
                 shapes.append(("tree-sampled", {**larger, "tree": True, "temperature": 0.7, "stochastic_tree": True}))
             if drafter == registry.default_for(target):  # what the Playground runs when nothing is changed
                 shapes.append(("default", {}))
