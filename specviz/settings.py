@@ -90,10 +90,16 @@ class Setting:
         """The widget's range: the declared bounds, narrowed where the declaration says so for the UI."""
         return (self.low if self.ui_low is None else self.ui_low, self.high if self.ui_high is None else self.ui_high)
 
+    def open_ends(self, low: float | None, high: float | None) -> tuple[bool, bool]:
+        """Whether ``low`` / ``high`` are excluded: only the declared bounds can be open (the UI's narrower bounds,
+        such as top-p's 0.05, are values the widget offers)."""
+        return self.open_low and low == self.low, self.open_high and high == self.high
+
     def describe_bounds(self, low: float | None, high: float | None) -> str:
         if self.type is int:
             return f"an integer in [{_num(low)}, {_num(high)}]" if high is not None else f"at least {_num(low)}"
-        left, right = "(" if self.open_low else "[", ")" if self.open_high else "]"
+        open_low, open_high = self.open_ends(low, high)
+        left, right = "(" if open_low else "[", ")" if open_high else "]"
         return f"a number in {left}{_num(low)}, {_num(high)}{right}"
 
     def format(self, value) -> str:
@@ -213,6 +219,8 @@ def check(setting: Setting | str, value, *, ui: bool = False):
         return value
     low, high = setting.ui_range if ui else (setting.low, setting.high)
     where = " here" if ui and (low, high) != (setting.low, setting.high) else ""
+    if value is None:
+        raise SpecvizError(f"{setting.cli_name} is empty: give {setting.describe_bounds(low, high)}{where}")
     wrong = SpecvizError(f"{setting.cli_name} must be {setting.describe_bounds(low, high)}{where}, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float) and
                                                                          math.isnan(value)):
@@ -223,9 +231,10 @@ def check(setting: Setting | str, value, *, ui: bool = False):
         value = int(value)
     else:
         value = float(value)
-    if low is not None and (value < low or (setting.open_low and value == low)):
+    open_low, open_high = setting.open_ends(low, high)
+    if low is not None and (value < low or (open_low and value == low)):
         raise wrong
-    if high is not None and (value > high or (setting.open_high and value == high)):
+    if high is not None and (value > high or (open_high and value == high)):
         raise wrong
     return value
 

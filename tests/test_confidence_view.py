@@ -81,6 +81,15 @@ def test_confidence_spec_draws_block_cut_cost_and_calibration():
     assert "&amp;lt;" not in dumped  # and only once
 
 
+def test_each_position_names_its_token_under_the_axis():
+    """The token text once sat inside each q bar, where plotly drops it when the bar is short (a small q, the
+    common case): it is now the position's tick label, escaped, cut drafts included."""
+    axis = confidence_spec([dspark_round()], 0)["layout"]["xaxis"]
+    assert axis["tickvals"] == [1, 2, 3, 4]
+    assert axis["ticktext"] == ["1<br>&lt;b&gt;", "2<br>cat", "3<br>&amp;amp", "4<br>#51"]
+    assert "tickvals" not in confidence_spec([])["layout"]["xaxis"]
+
+
 def test_a_block_capped_by_the_run_says_what_the_schedule_weighed():
     """DSpark drafts only as far as the run's chain length (or tree depth): with k = 2 against a block of 7, the
     schedule could only weigh 2 drafts, and the panel says how to let it weigh the block."""
@@ -94,6 +103,22 @@ def test_a_block_capped_by_the_run_says_what_the_schedule_weighed():
     assert "capped ℓ at 2 of the block's 7 drafts" in note(2) and "a chain of k = 7" in note(2)
     assert "capped" not in note(7)  # the whole block: the scan drafting 4 and stopping is the schedule's own choice
     assert "capped" not in note(None)  # a trace from before the cap was recorded
+
+
+def test_a_block_capped_by_the_tokens_left_does_not_ask_for_a_longer_chain():
+    """Near the end of a run the tokens left to generate cap the schedule under any budget: a run already at k = 7
+    once read "capped ℓ at 1 …; a chain of k = 7 lets the schedule weigh them all"."""
+    round_ = dspark_round()
+    round_.meta["block"] = {"size": 8, "drafts": 7, "tokens": [10, 11, 12, 13], "q": [0.9, 0.5, 0.3, 0.2]}
+    round_.meta["schedule"]["cap"] = 2
+
+    def note(budget):
+        return " ".join(a["text"] for a in confidence_spec([round_], 0, budget=budget)["layout"]["annotations"])
+
+    assert "only 2 tokens left to generate" in note({"tree": False, "k": 7}) and "k = 7" not in note({"k": 7})
+    assert "a chain of k = 7" in note({"tree": False, "k": 2})  # the budget itself capped it
+    assert "a chain of k = 7" in note({"tree": True, "depth": 2, "max_nodes": 4, "width": 3})
+    assert "tokens left" in note({"tree": True, "depth": 4, "max_nodes": 16, "width": 3})
 
 
 def test_confidence_spec_without_confidence_or_on_trees_says_so():
@@ -156,7 +181,7 @@ def test_reliability_diagram_draws_both_calibrations_with_their_ece():
     rounds = [recalibrated_round(), dataclasses.replace(recalibrated_round(), index=1, accepted=[])]
     spec = confidence_spec(rounds)
     names = [trace.get("name") for trace in spec["data"]]
-    assert "realised per bin (recalibrated ĉ)" in names and "the confidence head's own ĉ" in names
+    assert "realised per bin (recalibrated ĉ)" in names and "realised per bin (the head's own ĉ)" in names
     assert "confidence ĉ_k (recalibrated on this run)" in names and "confidence head's own ĉ_k" in names
     own = calibration(rounds, head=True)
     used = calibration(rounds)

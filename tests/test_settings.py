@@ -302,3 +302,15 @@ def test_old_generate_command_line_runs(capsys, tmp_path):
     result = json.loads(out)
     assert result["identical"] and len(result["token_ids"]) <= 12
     assert math.isfinite(result["tau"])
+
+
+def test_only_a_declared_bound_is_open():
+    """top-p's declared range is (0, 1]; the UI narrows it to [0.05, 1], whose 0.05 the slider offers and must pass."""
+    assert settings.check("top_p", 0.05, ui=True) == 0.05
+    with pytest.raises(SpecvizError, match=r"top-p must be a number in \[0.05, 1\] here"):
+        settings.check("top_p", 0.04, ui=True)
+    with pytest.raises(SpecvizError, match=r"top-p must be a number in \(0, 1\]"):
+        settings.check("top_p", 0.0)
+    assert settings.check("min_draft_prob", 0.95, ui=True) == 0.95
+    with pytest.raises(SpecvizError, match="is empty: give"):
+        settings.check("seed", None)

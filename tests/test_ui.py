@@ -89,6 +89,28 @@ def test_stop_keeps_rounds_so_far(tiny_targets):
     assert 3 <= len(record.rounds) and record.new_tokens < 400 and not record.finished
 
 
+def test_a_run_whose_tab_went_away_stops(tiny_targets):
+    """Gradio stops iterating the Run callback of a closed or reloaded tab; its engine thread must then stop too,
+    not generate on to max-new-tokens outside the queue's concurrency limit (reloading the page once left one
+    such thread per reload on the server)."""
+    from specviz.ui import streaming
+
+    session = Session()
+    record = RunRecord(header={})
+    producer = session.start(record, lambda: runner.stream(request(target="tiny-slow", max_new_tokens=400)))
+    producer.orphan_s = 0.5
+    for _ in streaming.watch(producer, session, light_s=0.01):  # the callback follows the run for a while...
+        if len(record.rounds) >= 2:
+            break  # ...then its tab goes away: nobody resumes it
+    producer.thread.join(30)
+    assert not producer.alive and producer.error is None
+    assert 2 <= len(record.rounds) and record.new_tokens < 400 and not record.finished
+    unwatched = session.start(RunRecord(header={}), lambda: runner.stream(request(max_new_tokens=24)))
+    unwatched.orphan_s = 0.0  # never watched (a test, a script): runs to its end
+    unwatched.thread.join(30)
+    assert unwatched.record.finished and unwatched.record.new_tokens == 24
+
+
 def test_errors_are_one_line(tiny_targets):
     with pytest.raises(Exception, match="the prompt is empty"):
         request(prompt="  ")
@@ -194,6 +216,27 @@ def test_app_stop_mid_run(served):
     assert "Stopped by you after" in stopped[0]
     time.sleep(1.0)  # the stopped run's own callback must not draw a last frame over Stop's (it once said "Done")
     assert not any("Done" in str(o[0]) for o in job.outputs())
+
+
+def test_a_round_picked_during_a_run_stays_on_show(served):
+    """Picking an earlier round mid-run keeps it on show while newer rounds stream in (each streamed frame once
+    jumped back to the newest, half a second later); picking the newest follows the stream again."""
+    gradio_client, url = served
+    client = gradio_client.Client(url, verbose=False)
+    job = slow_run_showing(client, "Generating")
+    rounds = lambda: len(job.outputs()[-1][5].split("sv-first")) - 1  # noqa: E731 - rounds in the text panel
+    deadline = time.time() + 60
+    while rounds() < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    client.predict(1, api_name="/pick_round")
+    shown = len(job.outputs())
+    time.sleep(1.5)  # several streamed frames
+    later = [out[4] for out in job.outputs()[shown:]]
+    assert later and all("<b>round 1 of" in info for info in later), later[-1]
+    client.predict(rounds() - 1, api_name="/pick_round")  # the newest shown: following again
+    time.sleep(1.5)
+    assert "<b>round 1 of" not in job.outputs()[-1][4]
+    client.predict(api_name="/stop")
 
 
 def test_app_run_replaced_by_chain_vs_tree_says_so(served):
@@ -351,6 +394,19 @@ def test_mtp_run_is_labelled_by_module_and_says_it_was_trained_post_hoc(tiny_tar
         "module 1", "module 2"]  # the per-label bars of the per-position panel
 
 
+def test_a_restarted_comparison_says_so_at_once(served):
+    """The comparison's first frame clears the sides and says the new one is starting: it once left the previous
+    comparison's "Done" standing while the next one loaded."""
+    gradio_client, url = served
+    client = gradio_client.Client(url, verbose=False)
+    args = (False, "", "", *settings_args(max_new_tokens=6))
+    assert "Done" in client.predict(*args, api_name="/compare")[0]
+    job = client.submit(*args, api_name="/compare")
+    job.result(timeout=60)
+    first = str(job.outputs()[0][0])
+    assert "chain: starting (ngram)" in first and "Done" not in first
+
+
 def test_app_compares_the_mtp_chain_with_the_medusa_tree(served, mtp_medusa):
     import json
 
@@ -455,3 +511,51 @@ def test_plain_decoding_for_a_record_uses_the_forward_it_ran_with():
     assert recorded["target_forward"] == "hf" and recorded["prompt"] == "w1 w2" and recorded["max_new_tokens"] == 9
     assert runner.RunRequest(**{**request(target_forward="fast").to_dict(), **recorded}).target_forward == "hf"
     assert "target_forward" not in recorded_settings(RunRecord(header={"target": {"name": "t", "forward": "??"}}))
+
+
+def test_every_value_a_widget_offers_is_accepted_and_bad_numbers_are_named():
+    """A slider's ends are values the user can pick, so the check must accept them (top-p's slider once started at
+    0.05, which the open bound refuses); a number box's bad value must be refused naming its field (Gradio's own
+    range error says only "Value -1 is less than minimum value 0."), and a cleared box must say it is empty."""
+    import gradio as gr
+
+    from specviz import settings as declared
+    from specviz.errors import SpecvizError
+    from specviz.ui import settings
+
+    base = settings.values_for(runner.RunRequest(prompt="hi", target="tiny"))
+
+    def panel(name, value):
+        values = list(base)
+        values[settings.INPUT_NAMES.index(name)] = value
+        return settings.request(*values)
+
+    for setting in settings.SHOWN:
+        component = settings.widget(setting)
+        if isinstance(component, gr.Slider):
+            for end in (component.minimum, component.maximum):
+                assert getattr(panel(setting.name, end), setting.name) == pytest.approx(end), setting.name
+        if isinstance(component, gr.Number):
+            assert component.minimum is None and component.maximum is None, setting.name
+            with pytest.raises(SpecvizError, match=f"^{setting.cli_name} must be"):
+                panel(setting.name, -1)
+            with pytest.raises(SpecvizError, match=f"^{setting.cli_name} is empty"):
+                panel(setting.name, None)
+    assert declared.get("top_p").open_low and declared.get("min_draft_prob").open_high  # the cases that failed
+
+
+def test_typing_in_the_example_picker_keeps_the_typed_prompt():
+    """Only picking an example replaces the prompt: the picker's "input" event also fired when it was typed in and
+    left (it reverts to its choice), which overwrote the prompt the user had typed with the example's text."""
+    import gradio as gr
+
+    from specviz.ui import examples, settings
+    from specviz.ui.app import build_app
+
+    config = build_app().config
+    ids = {c["props"].get("elem_id"): c["id"] for c in config["components"]}
+    triggers = [tuple(t) for d in config["dependencies"] if d["outputs"] == [ids["prompt"]] for t in d["targets"]]
+    assert triggers == [(ids["example"], "select")]
+    assert settings.example_prompt("243") == examples.prompt_text("243")
+    assert isinstance(settings.example_prompt(None), type(gr.skip()))
+    assert isinstance(settings.example_prompt("not an example"), type(gr.skip()))

@@ -225,6 +225,16 @@ def record_of(rounds, **kwargs) -> RunRecord:
     return RunRecord(header=header, rounds=rounds, **kwargs)
 
 
+def test_round_summary_explains_its_accept_rule_on_hover():
+    """At temperature > 0 a round is judged by target sampling or rejection sampling; the round summary names the
+    rule, and its tooltip says what acceptance means under it."""
+    from specviz.viz.text import escape
+
+    for rule in ("greedy", "target-sampling", "rejection-sampling"):
+        html = panels.round_info_html(make_round([-1], [0], rule=rule), 1)
+        assert f'title="{escape(debugger.RULE_TEXT[rule])}">{rule}</code>' in html
+
+
 def test_metrics_panel_shows_values_with_formulas():
     rec = record_of([make_round([-1, 0], [0], index=0), make_round([-1, 0], [0, 1], index=1, start=2,
                                                                      extra_kind="bonus")])
@@ -316,6 +326,69 @@ def test_debugger_shows_rejection_sampling_draw_and_residual():
     html, fig = debugger.explain(r, "extra")
     assert "residual" in html
     assert "residual norm(max(0, p − q))" in {t.name for t in fig.data}
+
+
+def _hover_of(spec: dict, outcome: Outcome) -> str:
+    return next(t["hovertext"][0] for t in spec["data"] if t.get("name") == OUTCOME_LABELS[outcome])
+
+
+def test_node_hover_shows_the_test_its_rule_applied():
+    """min(1, p/q) is rejection sampling's test only: on a greedy node it read as a 66% chance of a token the
+    target's argmax turned down, so each rule's hover names its own test."""
+    greedy = make_round([-1, -1], [0], q=[0.4, 0.3], p=[0.6, 0.2], texts=["t0", "t1"])
+    hover = _hover_of(tree_spec(greedy), Outcome.REJECTED)
+    assert "min(1, p/q)" not in hover and "argmax here: 'X'" in hover
+    sampled = make_round([-1, -1], [0], q=[0.4, 0.3], p=[0.6, 0.2], rule="target-sampling")
+    hover = _hover_of(tree_spec(sampled), Outcome.REJECTED)
+    assert "min(1, p/q)" not in hover and "probability p = 0.200" in hover
+    draws = [{"parent": -1, "node": 0, "accepted": True, "u": 0.1, "ratio": 1.0},
+             {"parent": -1, "node": 1, "accepted": False, "u": 0.9, "ratio": 0.5}]
+    rejection = make_round([-1, -1], [0], q=[0.4, 0.4], p=[0.6, 0.2], rule="rejection-sampling", draws=draws)
+    hover = _hover_of(tree_spec(rejection), Outcome.ACCEPTED)
+    assert "accept probability min(1, p/q) = 1.000" in hover
+
+
+def test_an_extra_token_outside_the_recorded_top_k_says_so():
+    r = make_round([-1], [0], extra_kind="bonus")
+    r.extra_token = 7  # sampled outside the recorded top-k: its p is unknown, not missing
+    spec = tree_spec(r)
+    assert "p_target — (outside the recorded top-k)" in _hover_of(spec, Outcome.BONUS)
+
+
+def test_debugger_explains_a_bonus_as_the_end_of_the_walk():
+    """A bonus follows a leaf: the rule had nothing to decide there, which the debugger once called a parent "the
+    walk never reached", and it called the target's own token "drafted"."""
+    r = make_round([-1, 0], [0, 1], extra_kind="bonus",
+                   draws=[{"parent": -1, "node": 0, "accepted": True, "target_token": 10},
+                          {"parent": 0, "node": 1, "accepted": True, "target_token": 11}])
+    html, _ = debugger.explain(r, "extra")
+    assert "never reached" not in html and "drafted after" not in html
+    assert "the target's own token after node 1" in html and "is a leaf" in html
+    correction = make_round([-1], [])
+    html, _ = debugger.explain(correction, "extra")
+    assert "taken as the target's argmax" in html and "no draft taken" in html
+
+
+def test_debugger_explains_a_pruned_node():
+    """Nodes drafted and then cut before verification can be picked too: an engineer asking why a draft was never
+    verified sees the cut's reason, its confidence against the kept nodes' and what the target would have said."""
+    r = make_round([-1, 0], [0])
+    r.confidence = [0.5, 0.2]
+    r.meta = {"pruned": [{"token": 99, "depth": 2, "q": 0.3, "confidence": 0.05, "parent": 0, "pruned_parent": None,
+                          "text": XSS, "reason": "cut to the node budget", "module": 1},
+                         {"token": 8, "depth": 3, "q": 0.2, "confidence": 0.01, "parent": None, "pruned_parent": 0}]}
+    values = [value for _, value in debugger.node_choices(r)]
+    assert values == ["0", "1", "extra", "pruned:0", "pruned:1"]
+    assert "(module 2)" in debugger.node_choices(r)[3][0]
+    html, figure = debugger.explain(r, "pruned:0")
+    assert "pruned (not verified)" in html and "cut to the node budget" in html and "down to 0.200" in html
+    assert "target gives it p = 0.600" in html and "top token there" in html and XSS not in html
+    assert "node 0" in figure.layout.title.text
+    html, figure = debugger.explain(r, "pruned:1")  # hangs off a pruned node: the target computed nothing there
+    assert "pruned node 0" in html and "never verified" in figure.layout.title.text
+    assert debugger.selected_node("pruned:1") == ("pruned", 1) and debugger.selected_node("extra") == EXTRA
+    ring = [t for t in tree_spec(r, selected=("pruned", 1))["data"] if t.get("name") == "selected"]
+    assert ring and ring[0]["x"] == [3.0] and ring[0]["marker"]["size"] < 28  # not over its faint label
 
 
 # ---- node labels: Medusa's heads, MTP's modules ------------------------------------------------------------------
@@ -427,6 +500,17 @@ def test_run_label_says_how_an_mtp_drafter_was_trained():
     assert "not jointly with the model" in line
     rec.header["drafter"] = {"name": "ngram"}
     assert "trained" not in panels.run_label(rec)
+
+
+def test_run_label_says_how_mtp_modules_map_to_depths():
+    """One shipped module labels every node "module 1": the line says it is reused, so that reads as intended."""
+    rec = record_of([make_round([-1], [0])])
+    rec.header["drafter"] = {"name": "mtp", "modules": 1}
+    assert "drafter mtp (1 module, reused at every depth)" in panels.run_label(rec)
+    rec.header["drafter"] = {"name": "mtp", "modules": 3}
+    assert "3 modules; depth d drafts with module (d − 1) mod 3 + 1" in panels.run_label(rec)
+    rec.header["drafter"] = {"name": "mtp", "modules": "3"}
+    assert "module" not in panels.run_label(rec)
 
 
 def test_run_label_says_when_the_draft_ran_in_int8():

@@ -20,6 +20,17 @@ CONCURRENCY = int(os.environ.get("SPECVIZ_CONCURRENCY", "1" if zerogpu.on_zero_g
 QUEUE_SIZE = int(os.environ.get("SPECVIZ_QUEUE_SIZE", "32"))
 QUEUE_POLL_S = 0.02
 
+#: On a phone the multi-panel figures (the charts, the confidence panel's block and reliability diagram) keep a
+#: legible width and scroll sideways in their box: squeezed to the screen their titles printed over each other and
+#: the left panel shrank to nothing. The selectors are the two RunViews' plots.
+NARROW_CSS = """
+@media (max-width: 760px) {
+  #charts > div, #confidence > div, #replay-charts > div, #replay-confidence > div { overflow-x: auto; }
+  #charts .js-plotly-plot, #confidence .js-plotly-plot, #replay-charts .js-plotly-plot,
+  #replay-confidence .js-plotly-plot { min-width: 760px; }
+}
+"""
+
 HEADER = """# specviz: speculative decoding, round by round
 A real target model verifies real drafts. Each round the drafter proposes a chain or a tree, the target checks
 every node in **one** forward pass, and the accept rule keeps a prefix plus one token of the target's own
@@ -83,6 +94,7 @@ def launch(demo: gr.Blocks | None = None, **kwargs) -> gr.Blocks:
     if zerogpu.on_zero_gpu():  # pragma: no cover - Spaces only
         runner.load_target(runner.RunRequest(prompt="x").target)
     kwargs.setdefault("css_paths", [CSS])
+    kwargs["css"] = NARROW_CSS + (kwargs.get("css") or "")
     kwargs.setdefault("show_error", True)
     demo.launch(**kwargs)
     return demo

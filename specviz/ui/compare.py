@@ -107,7 +107,9 @@ def build(session: gr.State, panel: settings.Settings) -> dict:
         except SpecvizError as error:
             raise gr.Error(str(error), print_exception=False) from None
         state.chain = state.tree = None
-        yield {**chain.render(None), **tree.render(None), verdict: panels.verdict_html(None, None)}
+        # the status too: a restarted comparison must not go on saying the last one's "Done" while it loads
+        yield {status: panels.status_html(f"chain: starting ({requests['chain'].drafter})…"),
+               **chain.render(None), **tree.render(None), verdict: panels.verdict_html(None, None)}
         records = {}
         for name, column in (("chain", chain), ("tree", tree)):
             request = requests[name]

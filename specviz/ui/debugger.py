@@ -12,7 +12,7 @@ from specviz.ui.state import Session
 from specviz.ui.views import plot, root_text
 from specviz.viz import debugger, diagnostics, panels
 from specviz.viz.charts import topk_figure
-from specviz.viz.tree_figure import EXTRA, tree_spec
+from specviz.viz.tree_figure import tree_spec
 
 SOURCES = [("Playground run", "playground"), ("Replayed trace (Traces tab)", "replay"),
            ("Chain vs Tree: chain", "chain"), ("Chain vs Tree: tree", "tree")]
@@ -52,7 +52,7 @@ def build(session: gr.State) -> dict:
         if reset_node or chosen not in values:
             chosen = debugger.default_node(round_)
         html, figure = debugger.explain(round_, chosen)
-        selected = EXTRA if chosen == EXTRA else int(chosen)
+        selected = debugger.selected_node(chosen)
         header = panels.status_html(panels.run_label(record))
         return {
             warnings: header + diagnostics.diagnostics_html(diagnostics.diagnose(record)),

@@ -61,12 +61,14 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
     def run(state: Session, *values):
         request = _request(values)
         previous, record = state.record, RunRecord(header={}, source="live")
-        state.record = record
+        state.record, state.pinned = record, None
         producer = state.start(record, lambda: runner.stream(request))
         yield view.render(record, status=streaming.live_status(producer, request, record), running=True)
         for heavy in streaming.watch(producer, state):
+            # a round the reader picked stays on show (no caret: the text scrolls to it) while newer ones stream in
+            state.newest_shown = len(record.rounds) - 1
             yield view.render(record, status=streaming.live_status(producer, request, record), heavy=heavy,
-                              running=True)
+                              running=state.pinned is None, index=state.pinned)
         if streaming.superseded(producer, state):
             if state.record is record:  # Chain vs Tree took the engine: nobody else draws this run's last frame
                 yield view.render(record, status=streaming.replaced_status(record), level="warning")
@@ -88,7 +90,8 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
         message, level = streaming.final_status(record, stopped=stopped)
         if record.run_note:
             gr.Warning(record.run_note)
-        yield {**view.render(record, status=message, level=level), download: _download(state, record)}
+        pinned, state.pinned = state.pinned, None
+        yield {**view.render(record, status=message, level=level, index=pinned), download: _download(state, record)}
 
     def step(state: Session, *values):
         request = _request(values)
@@ -148,7 +151,8 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
         if not was_running and record.source == "live":
             gr.Info("Nothing is running.")
         message, level = streaming.final_status(record, stopped=record.stop_reason == "stopped")
-        updates = view.render(record, status=message, level=level)
+        pinned, state.pinned = state.pinned, None
+        updates = view.render(record, status=message, level=level, index=pinned)
         if record.rounds:
             updates[download] = _download(state, record)
         return updates
@@ -182,7 +186,16 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
     stop_btn.click(stop, [session], outputs, cancels=[page.run_event], queue=False, api_name="stop")
     measure_btn.click(measure, [session, *panel.inputs], outputs, concurrency_id="model", show_progress="hidden",
                       api_name="measure_plain")
-    view.round_slider.input(lambda s, i: view.render_round(s.record, i), [session, view.round_slider],
+
+    def pick_round(state: Session, index):
+        """Show round ``index``; during a live run, keep showing it as rounds stream in (``Session.pinned``), until
+        the reader picks the newest round the page has shown again."""
+        record = state.record
+        if record is not None and record.source == "live" and state.busy and record.rounds:
+            state.pinned = None if index is None or int(index) >= state.newest_shown else int(index)
+        return view.render_round(record, index)
+
+    view.round_slider.input(pick_round, [session, view.round_slider],
                             view.round_outputs, trigger_mode="always_last", show_progress="hidden", queue=False)
     return page
 

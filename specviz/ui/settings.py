@@ -64,10 +64,14 @@ def widget(setting: Setting, **overrides) -> gr.components.Component:
     kind = setting.widget
     if kind == "slider":
         step = setting.ui_step or (1 if setting.type is int else 0.01)
+        # an open bound is refused by the check, so the slider stops one step inside it
+        open_low, open_high = setting.open_ends(low, high)
+        low = round(low + step, 10) if open_low else low
+        high = round(high - step, 10) if open_high else high
         return gr.Slider(low, high, value=value, step=step, **common)
     if kind == "number":
-        return gr.Number(value=value, precision=0 if setting.type is int else None, minimum=low, maximum=high,
-                         **common)
+        # no minimum/maximum: Gradio's own range error does not name the field; ``request``'s check does
+        return gr.Number(value=value, precision=0 if setting.type is int else None, **common)
     if kind == "checkbox":
         return gr.Checkbox(value, **common)
     if kind == "radio":
@@ -76,6 +80,11 @@ def widget(setting: Setting, **overrides) -> gr.components.Component:
     if kind == "dropdown":
         return gr.Dropdown(value=value, allow_custom_value=True, **common)
     raise ValueError(f"no widget kind {kind!r} (setting {setting.name})")
+
+
+def example_prompt(question_id: str | None):
+    """The picked example's text for the prompt box; anything else leaves what the user typed there."""
+    return examples.prompt_text(question_id) or gr.skip()
 
 
 def drafter_info() -> str:
@@ -111,7 +120,9 @@ class Settings:
                 drafter = _drafter_dropdown(widgets.get("target"))
             _lay_out([s for s in SHOWN if s.group == section], widgets)
         settings = cls(example, prompt, drafter, widgets)
-        example.input(examples.prompt_text, example, prompt, queue=False)
+        # select, not input: input also fired when the picker was typed in and left (reverting to its choice),
+        # which replaced the prompt the user had typed with the example's text
+        example.select(example_prompt, example, prompt, queue=False)
         if "target" in widgets:
             widgets["target"].change(
                 lambda t: gr.Dropdown(choices=runner.drafter_menu(t or ""), value=registry.default_for(t or "")),

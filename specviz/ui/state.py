@@ -51,7 +51,15 @@ def one_line(error: BaseException) -> str:
 
 
 class Producer:
-    """Iterate an event stream on a daemon thread, folding events into ``record`` as they arrive."""
+    """Iterate an event stream on a daemon thread, folding events into ``record`` as they arrive.
+
+    Once a callback has watched it (``seen``), a producer nobody has looked at for ``orphan_s`` stops after its
+    round: Gradio stops iterating a callback whose browser tab was closed or reloaded, and without this its engine
+    thread would generate on to max-new-tokens, outside the queue's concurrency limit, slowing every other run.
+    """
+
+    #: Seconds without a look from a callback that has watched before, after which the run is abandoned.
+    ORPHAN_S = 30.0
 
     def __init__(self, record: RunRecord, make_stream: Callable[[], Iterator[object]]):
         self.record = record
@@ -60,6 +68,8 @@ class Producer:
         self.stop_requested = threading.Event()
         self.changed = threading.Event()
         self.started = time.perf_counter()
+        self.watched: float | None = None  # when a callback last looked (None: never; then nothing is orphaned)
+        self.orphan_s = self.ORPHAN_S
         self._make_stream = make_stream
         # Run in a copy of the caller's context: Gradio's request context (which ZeroGPU reads) lives in contextvars.
         context = contextvars.copy_context()
@@ -79,6 +89,9 @@ class Producer:
                 self.changed.set()
                 if self.stop_requested.is_set():
                     break
+                if self.orphaned:
+                    log.info("stopping a run nobody has watched for %.0f s (its browser tab went away)", self.orphan_s)
+                    break
         except Exception as error:  # reported in the page as one line
             if not isinstance(error, SpecvizError):
                 log.exception("generation failed")
@@ -92,6 +105,14 @@ class Producer:
     @property
     def alive(self) -> bool:
         return self.thread.is_alive()
+
+    def seen(self) -> None:
+        """A callback is still watching this run (``streaming.watch`` calls it on every pass)."""
+        self.watched = time.perf_counter()
+
+    @property
+    def orphaned(self) -> bool:
+        return self.watched is not None and time.perf_counter() - self.watched > self.orphan_s
 
     def wait(self, timeout: float) -> bool:
         """Block until something changed (True) or ``timeout`` passed (False)."""
@@ -117,6 +138,8 @@ class Session:
         self.producer: Producer | None = None
         self.stepper: Iterator[object] | None = None
         self.step_request: runner.RunRequest | None = None
+        self.pinned: int | None = None  # the round the reader picked during a live run (None: follow the newest)
+        self.newest_shown = 0  # the newest round the live run's last frame showed (picking it follows again)
         self.stopped = threading.Event()
         self._dir: Path | None = None
 

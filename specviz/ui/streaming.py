@@ -28,6 +28,7 @@ def watch(producer: Producer, session: Session, *, light_s: float = LIGHT_S,
     last_light = last_heavy = last_tick = time.perf_counter()
     pending = False
     while producer.alive:
+        producer.seen()
         now = time.perf_counter()
         due = (last_light + light_s) if pending else (last_tick + TICK_S)
         pending = producer.wait(max(0.0, due - now)) or pending

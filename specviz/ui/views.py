@@ -145,7 +145,8 @@ class RunView:
         if confidence:
             drafter = record.header.get("drafter") if record else None
             curve = drafter.get("greedy_curve") if isinstance(drafter, dict) and record.greedy else None
-            updates[self.confidence] = plot(confidence_spec(record.rounds if record else [], index, curve))
+            budget = record.header.get("budget") if record else None
+            updates[self.confidence] = plot(confidence_spec(record.rounds if record else [], index, curve, budget))
         return updates
 
     @staticmethod

@@ -82,15 +82,30 @@ def block_positions(round_: Round) -> list[dict]:
     return rows
 
 
-def schedule_cap_note(round_: Round) -> str:
-    """Where the run's budget (a chain of k, or a tree's depth) capped the schedule below the block's drafts, the
-    schedule could not weigh the rest: say so, and what lets it weigh the whole block."""
+def budget_cap(budget) -> int | None:
+    """The most drafts a round of this budget (a trace header's ``budget``) may verify: a chain's k, a tree's depth
+    or node budget, whichever is smaller; None when the budget is unknown."""
+    if not isinstance(budget, dict):
+        return None
+    sizes = [budget.get("depth"), budget.get("max_nodes")] if budget.get("tree") else [budget.get("k")]
+    sizes = [size for size in sizes if isinstance(size, int) and not isinstance(size, bool)]
+    return min(sizes) if sizes else None
+
+
+def schedule_cap_note(round_: Round, budget=None) -> str:
+    """Where something capped the schedule below the block's drafts, the schedule could not weigh the rest: say
+    what. The run's budget (``budget``, the header's) suggests a longer chain; the tokens left to generate, near the
+    end of a run, cap it under any budget, and a longer chain would not help."""
     meta = _meta(round_)
     block, schedule = meta.get("block"), meta.get("schedule")
     drafts = block.get("drafts") if isinstance(block, dict) else None
     cap = schedule.get("cap") if isinstance(schedule, dict) else None
     if not isinstance(drafts, int) or not isinstance(cap, int) or not 0 < cap < drafts:
         return ""
+    own = budget_cap(budget)
+    if own is not None and cap < own:
+        return (f"only {cap} token{'' if cap == 1 else 's'} left to generate: ℓ capped at {cap} of the block's "
+                f"{drafts} drafts")
     return (f"the run's chain length (or tree depth) capped ℓ at {cap} of the block's {drafts} drafts;<br>"
             f"a chain of k = {drafts} lets the schedule weigh them all")
 
@@ -105,13 +120,15 @@ def greedy_curve_points(curve) -> list[tuple[float, float]]:
     return [(x, y) for x, y in pairs if x is not None and y is not None and 0 <= x <= 1 and 0 <= y <= 1]
 
 
-def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_curve=None) -> dict:
+def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_curve=None, budget=None) -> dict:
     """The two panels as a plain plotly dict: round ``index``'s block (default: the last) and the run's calibration;
-    ``greedy_curve`` (a greedy run's header ``drafter.greedy_curve``) adds the curve its calibration started from."""
+    ``greedy_curve`` (a greedy run's header ``drafter.greedy_curve``) adds the curve its calibration started from;
+    ``budget`` (the header's) tells what capped a schedule (``schedule_cap_note``)."""
     data: list[dict] = []
     notes: list[tuple[str, float, float, str]] = []  # text, x, y, xref
     shapes: list[dict] = []
     round_ = rounds[index if index is not None else -1] if rounds else None
+    ticks: dict = {"dtick": 1}
     block_title = "Block of the round: q, confidence ĉ and survival s"
     if round_ is None or round_.confidence is None:
         notes.append(("this drafter sets no confidence" if round_ is not None else "no round yet", 0.25, 0.5, "paper"))
@@ -119,7 +136,11 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
         notes.append(("a tree round: its nodes' confidence is in the tree's hover text", 0.25, 0.5, "paper"))
     else:
         block_title = f"Round {round_.index}: q, confidence ĉ and survival s per position"
-        data += _block_traces(block_positions(round_))
+        rows = block_positions(round_)
+        data += _block_traces(rows)
+        # each position's token under its number: inside a short bar plotly drops the text, and q is often small
+        ticks = dict(tickvals=[row["depth"] for row in rows],
+                     ticktext=[f"{row['depth']}<br>{label(row['text'], 8)}" for row in rows])
         schedule = _meta(round_).get("schedule")
         if isinstance(schedule, dict) and isinstance(schedule.get("length"), int):
             data += _schedule_traces(schedule)
@@ -127,14 +148,14 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
             shapes.append(dict(type="line", xref="x", yref="paper", x0=cut, x1=cut, y0=0, y1=1,
                                line=dict(color="#333333", dash="dash", width=1)))
             notes.append((f"verify ℓ = {schedule['length']}", cut, 1.04, "x"))
-            capped = schedule_cap_note(round_)
+            capped = schedule_cap_note(round_, budget)
             if capped:
                 block_title += f"<br><span style='font-size:10px;color:#777777'>{capped}</span>"
     result, own = calibration(rounds), calibration(rounds, head=True)
     recalibrated = bool(own.samples) and any(isinstance(_meta(r).get("calibrated"), list) for r in rounds)
     data += _calibration_traces(result, "realised per bin (recalibrated ĉ)" if recalibrated else "realised per bin")
     if recalibrated:
-        data += _calibration_traces(own, "the confidence head's own ĉ", dash="dot")[1:]
+        data += _calibration_traces(own, "realised per bin (the head's own ĉ)", dash="dot")[1:]
     curve = greedy_curve_points(greedy_curve)
     if curve:
         data.append(dict(type="scatter", x=[x for x, _ in curve], y=[y for _, y in curve], mode="lines",
@@ -158,7 +179,7 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
         plot_bgcolor="#ffffff",
         paper_bgcolor="#ffffff", barmode="overlay",
         legend=dict(orientation="h", x=0, y=-0.2, font=dict(size=10)),
-        xaxis=_axis([0, 0.5], "y", "draft position k", dtick=1),
+        xaxis=_axis([0, 0.5], "y", "draft position k", **ticks),
         yaxis=_axis([0, 1], "x", "probability", range=[0, 1.05]),
         yaxis2=dict(overlaying="y", side="right", anchor="x", rangemode="tozero", showgrid=False, zeroline=False,
                     title=dict(text="relative", font=dict(size=11))),
@@ -181,7 +202,6 @@ def _block_traces(rows: list[dict]) -> list[dict]:
     return [
         dict(type="bar", x=depth, y=[row["q"] for row in rows], name="draft probability q", xaxis="x", yaxis="y",
              marker=dict(color=colors, line=dict(color="#777777", width=[1 if c == CUT_COLOR else 0 for c in colors])),
-             text=[label(t, 8) for t in texts], textposition="inside", insidetextanchor="start",
              hovertext=hover, hovertemplate="%{hovertext}<br>q = %{y:.3f}<extra></extra>"),
         dict(type="scatter", x=depth, y=[row["c"] for row in rows], mode="lines+markers",
              name="confidence ĉ_k (recalibrated on this run)" if recalibrated else "confidence ĉ_k",

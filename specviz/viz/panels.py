@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from specviz.engine.metrics import FORMULAS
 from specviz.engine.round import Round
+from specviz.viz.debugger import RULE_TEXT
 from specviz.viz.outcome import OUTCOME_LABELS, Outcome, node_outcomes
 from specviz.viz.record import RunRecord
 from specviz.viz.text import escape, visible
@@ -101,7 +102,8 @@ def round_info_html(round_: Round | None, total: int | None = None) -> str:
     of = f" of {total}" if total else ""
     parts = [
         f"<b>round {round_.index}{of}</b>",
-        f"rule <code>{escape(round_.rule)}</code>" + ("" if round_.lossless else " <b>(lossy)</b>"),
+        f'rule <code title="{escape(RULE_TEXT.get(round_.rule, round_.rule))}">{escape(round_.rule)}</code>'
+        + ("" if round_.lossless else " <b>(lossy)</b>"),
         ", ".join(f"{counts[o]} {OUTCOME_LABELS[o]}" for o in counts),
         f"accepted <code>{escape(accepted) or '∅'}</code> + {escape(round_.extra_kind)} "
         f"<code>{escape(visible(round_.extra_text))}</code>",
@@ -121,8 +123,8 @@ def run_label(record: RunRecord) -> str:
     config = record.header.get("config") or {}
     temperature = config.get("temperature", 0.0)
     sampling = "greedy" if record.greedy else f"T={temperature} top-p={config.get('top_p', 1.0)}"
-    notes = "; ".join(note for note in (record.drafter_reads, record.drafter_trained, record.drafter_precision,
-                                        record.drafter_schedule) if note)
+    notes = "; ".join(note for note in (record.drafter_reads, record.drafter_modules, record.drafter_trained,
+                                        record.drafter_precision, record.drafter_schedule) if note)
     reads = f" ({notes})" if notes else ""
     fallback = f" · {record.run_note}" if record.run_note else ""
     return (f"{origin} · target {record.target_name} · drafter {record.drafter_name}{reads} · {record.budget_text} · "

@@ -91,6 +91,18 @@ class RunRecord:
         return f"trained {trained}" if isinstance(trained, str) and trained else ""
 
     @property
+    def drafter_modules(self) -> str:
+        """How MTP modules map to draft depths, when the header gives their count: with one module every node says
+        "module 1", which reads as a missing label unless the line says it is reused."""
+        drafter = self.header.get("drafter")
+        count = drafter.get("modules") if isinstance(drafter, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            return ""
+        if count == 1:
+            return "1 module, reused at every depth"
+        return f"{count} modules; depth d drafts with module (d − 1) mod {count} + 1"
+
+    @property
     def drafter_precision(self) -> str:
         """Reduced-precision draft weights, when the drafter ran with them: its q (the hovers, the confidence panel)
         is then the int8 draft's, while verification stays full precision."""

@@ -101,17 +101,30 @@ def _node_hover(round_: Round, node: int, outcome: Outcome, drafted_by: str | No
     ]
     if q is None:
         lines.append(f"q_draft — (deterministic draft: q = 1) · p_target {fmt_prob(p)}")
-        lines.append(f"min(1, p/q) = {fmt_prob(p)}")
     else:
-        ratio = None if p is None else (1.0 if q <= 0 else min(1.0, p / q))
         lines.append(f"q_draft {fmt_prob(q)} · p_target {fmt_prob(p)}")
-        lines.append(f"min(1, p/q) = {fmt_prob(ratio)}")
+    lines.append(_accept_test(round_, node, p, q))
     if round_.confidence is not None:
-        lines.append(f"confidence {fmt_prob(round_.confidence[node])}")
+        lines.append(f"confidence {fmt_prob(round_.confidence[node])} (the drafter's estimate that the path to here "
+                     "survives)")
     row = node + 1
     if row < len(round_.target_entropy):
         lines.append(f"target entropy after it {round_.target_entropy[row]:.2f} nats")
     return "<br>".join(lines)
+
+
+def _accept_test(round_: Round, node: int, p: float | None, q: float | None) -> str:
+    """The test this round's accept rule applies to a node: min(1, p/q) is rejection sampling's alone; greedy takes
+    the target's argmax and target sampling the token it draws, so printing min(1, p/q) there would be misleading."""
+    if round_.rule == "greedy":
+        row = round_.parents[node] + 1
+        top = round_.target_top[row][0] if row < len(round_.target_top) and round_.target_top[row] else None
+        best = f": {escape(repr(top.text))}" if top is not None else ""
+        return f"greedy: accepted only if it is the target's argmax here{best}"
+    if round_.rule == "target-sampling":
+        return f"target sampling: accepted if the target draws it, probability p = {fmt_prob(p)}"
+    ratio = p if q is None else None if p is None else 1.0 if q <= 0 else min(1.0, p / q)
+    return f"accept probability min(1, p/q) = {fmt_prob(ratio)}"
 
 
 def _extra_hover(round_: Round) -> str:
@@ -120,8 +133,9 @@ def _extra_hover(round_: Round) -> str:
     kind = round_.extra_kind
     why = ("every draft child here was rejected; the target's own token replaces them" if kind == "correction"
            else "the walk reached a leaf: the target's next token comes free")
+    outside = " (outside the recorded top-k)" if p is None else ""
     lines = [f"<b>{kind}</b> token {escape(repr(round_.extra_text))} (id {round_.extra_token})",
-             f"p_target {fmt_prob(p)}", escape(why)]
+             f"p_target {fmt_prob(p)}{outside}", escape(why)]
     if kind == "correction" and round_.residual_top:
         lines.append("drawn from the residual norm(max(0, p − q))")
     if round_.extra_token not in round_.committed[len(round_.accepted):]:
@@ -207,9 +221,10 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
              line=dict(color=OUTCOME_COLORS[Outcome.ACCEPTED], width=4)),
     ]
     if selected is not None and selected in pos:  # under the nodes: on top, the ring would cross out its label
-        sx, sy = pos[selected]
+        sx, sy = pos[selected]  # a pruned node's dot is smaller: a full-size ring crossed out its faint label
         traces.append(dict(type="scatter", x=[sx], y=[sy], mode="markers", hoverinfo="skip", showlegend=False,
-                           name="selected", marker=dict(size=28, color="rgba(0,0,0,0)",
+                           name="selected", marker=dict(size=18 if isinstance(selected, tuple) else 28,
+                                                        color="rgba(0,0,0,0)",
                                                         line=dict(color="#111111", width=2.5))))
     rows = 1 + max(y for _, y in pos.values())
     height = height or figure_height(rows)

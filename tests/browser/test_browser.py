@@ -414,6 +414,25 @@ def test_trace_upload_and_replay(page):
     assert downloaded.header["budget"]["tree"] is True and downloaded.rounds and downloaded.summary
 
 
+def test_a_phone_keeps_the_figures_legible(server, browser):
+    """At 400 px the multi-panel figures keep a legible width and scroll sideways in their box (squeezed to the
+    screen, the confidence panel's titles printed over each other and its left panel shrank to nothing), while the
+    page itself never scrolls sideways."""
+    phone = Page(browser, server, width=400, height=900)
+    try:
+        for elem_id in ("charts", "confidence"):
+            phone.page.wait_for_selector(f"#{elem_id} .js-plotly-plot", timeout=30_000)
+            box = phone.page.evaluate(
+                f"() => [document.querySelector('#{elem_id} .js-plotly-plot').getBoundingClientRect().width, "
+                f"document.querySelector('#{elem_id}').getBoundingClientRect().right]")
+            assert box[0] >= 700 and box[1] <= 400, (elem_id, box)
+        assert phone.page.evaluate("() => document.documentElement.scrollWidth") <= 400
+        phone.page.locator("#confidence").scroll_into_view_if_needed()
+        phone.shot("phone")
+    finally:
+        phone.close()
+
+
 def test_two_sessions_generate_at_once(server, browser):
     first, second = Page(browser, server), Page(browser, server)
     try:
