@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from specviz import api, outputs, settings
 from specviz.drafters import registry
-from specviz.errors import SpecvizError
+from specviz.errors import SpecvizError, exit_status
 
 #: name -> (module, its add-parser function, its run function). Optional: a command whose module does not import
 #: (e.g. training left out of a deployment) is simply not offered.
@@ -107,12 +107,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, tuple[Callable, C
 
 def main(argv: list[str] | None = None) -> int:
     parser, commands = build_parser()
-    try:
+
+    def run() -> int:
         args = parser.parse_args(argv)
         return commands[args.command][1](args)
-    except SpecvizError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    return exit_status(run)

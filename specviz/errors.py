@@ -11,3 +11,18 @@ class SpecvizError(ValueError):
 
 class UnsupportedModelError(SpecvizError):
     """The model cannot be used for speculative decoding (for example its cache cannot roll back)."""
+
+
+def exit_status(command) -> int:
+    """Run an entry point's body (``command()`` returns the exit status) the way the CLI treats errors: a
+    ``SpecvizError`` prints ``error: <line>`` on stderr and exits 2, an interrupt exits 130."""
+    import sys
+
+    try:
+        return command()
+    except SpecvizError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

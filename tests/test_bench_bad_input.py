@@ -93,6 +93,7 @@ def test_a_refused_command_leaves_no_out_folder(capsys, tmp_path):
     (["--k", "2,x"], "k must be"),
     (["--k", "2,,3"], "has an empty entry"),
     (["--shapes", "chain,,"], "--shapes takes chain, tree"),
+    (["--shapes", ""], "--shapes takes chain, tree"),  # once meant "not given": the whole default suite ran
     (["--threads", "0"], "threads must be"),
     (["--draft-quant", "off,int4"], "draft-quant must be one of auto, off, int8"),
     (["--draft-quant", ","], "--draft-quant is empty"),

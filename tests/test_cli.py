@@ -95,3 +95,22 @@ def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
     assert code == 2 and "unknown drafter" in err
     code, _, err = run_cli(capsys, "generate", "--no-chat", "--target", model_dirs / "target", "--prompt", "w1 " * 2000)
     assert code == 2 and "reads at most" in err
+
+
+@pytest.mark.parametrize("module, argv, says", [
+    ("specviz.ui.examples", ["record", "--categories", "nope"], "--categories 'nope': give some of"),
+    ("specviz.ui.examples", ["record", "--drafters", "foo"], "unknown drafter 'foo' in --drafters"),
+    ("specviz.ui.examples", ["record", "--out", "{file}"], "is a file, not a folder"),
+    ("specviz.training.export", ["--run", "/no/such/run", "--dest", "{tmp}/dest"], "metrics.json is missing"),
+    ("specviz.bench.draft_forward", ["--context", "-1"], "--context must be 1 or more"),
+    ("specviz.ui.perf", ["--category", "nope"], "--category 'nope' has no example prompt"),
+])
+def test_the_documented_helper_commands_refuse_bad_input_in_one_line(module, argv, says, tmp_path, capsys):
+    """``python -m specviz.<helper>`` entry points treat errors as the CLI does: one line, exit 2, no traceback."""
+    import importlib
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    code = importlib.import_module(module).main([a.format(file=a_file, tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and says in err[0], err

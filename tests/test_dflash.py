@@ -756,6 +756,8 @@ def test_bin_checkpoints_load_only_as_plain_tensors(tmp_path, setup):
     with pytest.raises(SpecvizError, match="weights_only=True") as error:
         load_drafter(binary, targets["hf"].model)
     assert "\n" not in str(error.value)
+    # the reason (the blocked global), not torch's advice to re-run with weights_only=False
+    assert "GLOBAL" in str(error.value) and "_Unsafe" in str(error.value) and "Re-running" not in str(error.value)
 
 
 class _Unsafe:

@@ -515,6 +515,10 @@ def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):
         "vocab": (broken("vocab", "eagle3-official", lambda t, c: c.update({"vocab_size": 96})),
                   "vocabulary mismatch"),
         "kind": (save_head(heads["eagle"], tmp_path / "kind", target_name="tiny"), "not an EAGLE-3 head"),
+        "nan": (broken("nan", "eagle3-official", lambda t, c: t["fc.weight"].fill_(float("nan"))),
+                "fc.weight holds NaN or infinite values"),  # once loaded and drafted nothing (τ 1.00), in silence
+        "int": (broken("int", "eagle3-speculators", lambda t, c: t.update({"fc.weight": t["fc.weight"].int()})),
+                "fc.weight is int32, not a float tensor"),
     }
     for name, (folder, message) in cases.items():
         with pytest.raises(SpecvizError, match=message) as error:

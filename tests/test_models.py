@@ -28,7 +28,7 @@ from specviz.models import (
 def _isolated(monkeypatch, tmp_path):
     """Fresh in-process cache and no inherited policy variables."""
     clear_cache()
-    for name in ("SPECVIZ_MODEL_ALLOWLIST", "SPECVIZ_TRUST_REMOTE_CODE", "SPECVIZ_MAX_MEMORY_GB"):
+    for name in ("SPECVIZ_MODEL_ALLOWLIST", "SPECVIZ_TRUST_REMOTE_CODE", "SPECVIZ_MAX_MEMORY_GB", "SPACE_ID"):
         monkeypatch.delenv(name, raising=False)
     yield
     clear_cache()
@@ -208,6 +208,37 @@ def test_allowlist_refuses_and_allows(tiny_dir, monkeypatch):
     assert load_model(str(tiny_dir)).model is not None
 
 
+def test_a_path_climbing_out_of_an_allowed_folder_is_refused(tiny_dir, tmp_path, monkeypatch):
+    """``allowed/../elsewhere`` matches ``allowed/*`` as text (a glob's * matches '/'): paths are judged resolved."""
+    from specviz.models import check_spec
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", f"{allowed}/*")
+    with pytest.raises(SpecvizError) as error:
+        check_spec(f"{allowed}/../{tiny_dir.relative_to(tmp_path)}")
+    assert "not allowed" in one_line(error)
+    (allowed / "link").symlink_to(tiny_dir)
+    with pytest.raises(SpecvizError, match="not allowed"):
+        check_spec(str(allowed / "link"))
+
+
+def test_a_space_allows_the_registry_names_unless_told(monkeypatch):
+    """On a Hugging Face Space (SPACE_ID set) with no allowlist, a visitor cannot load any hub id or server path."""
+    from specviz.models import check_spec
+
+    monkeypatch.setenv("SPACE_ID", "someone/specviz")
+    with pytest.raises(SpecvizError, match="not allowed"):
+        check_spec("someone/else")
+    with pytest.raises(SpecvizError, match="not allowed"):
+        check_spec("/")
+    check_spec(DEFAULT_TARGET)
+    monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", "*")  # the operator opens it
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SpecvizError, match="offline"):
+        check_spec("someone/else")
+
+
 def test_memory_estimate_counts_the_stored_parameters(tiny_dir):
     from specviz.models.memory import stored_numel
     from specviz.models.safetensors_check import stored_shapes, weight_files
@@ -318,3 +349,33 @@ def test_registry_drafter_without_tokenizer_files_uses_its_targets(tmp_path, mon
     check_same_tokenizer(load_model("tiny-t"), draft)
     with pytest.raises(SpecvizError, match="no tokenizer"):
         load_model(str(draft_dir))
+
+
+def test_gguf_float_copies_are_keyed_by_content_and_pruned(tmp_path, monkeypatch):
+    """The same GGUF at another path (a fresh checkout) reuses its converted copy; a changed file gets a new one, and
+    old copies of the same name are removed (each is the whole float model)."""
+    import os
+    import time
+
+    import tiny
+
+    from specviz.models import gguf_file
+
+    monkeypatch.setenv(gguf_file.CACHE_ENV, str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(b"GGUF" + bytes(range(200)))
+    os.utime(second, ns=(1, 1))  # another mtime: the key must not depend on it
+    assert gguf_file.cache_dir_for(first) == gguf_file.cache_dir_for(second)
+    model, tokenizer = tiny.model("llama", 64, layers=1), tiny.tokenizer(64)
+    written = []
+    for version in range(4):
+        first.write_bytes(b"GGUF" + bytes([version]) * 50)
+        folder = gguf_file.cache_dir_for(first)
+        assert folder not in written
+        gguf_file.write_cache(model, tokenizer, folder)
+        written.append(folder)
+        time.sleep(0.01)
+    kept = sorted(p for p in (tmp_path / "cache").iterdir())
+    assert kept == sorted(written[-gguf_file.KEEP_PER_NAME:]) and all(gguf_file.is_cached(p) for p in kept)

@@ -79,6 +79,7 @@ BROKEN = {
     "round missing": lambda text: "\n".join(line for i, line in enumerate(text.splitlines()) if i != 1),
     "summary mismatch": lambda text: _mutate(text, -1, lambda o: o.update(token_ids=[1, 2, 3])),
     "unknown record": lambda text: text + '\n{"type": "party"}',
+    "nested too deep to parse": lambda text: text + "\n" + "[" * 100_000,
 }
 #: Hand edits the views would trip on: each is refused by the reader, naming the line and the field.
 EDITED = {
@@ -112,6 +113,12 @@ EDITED = {
         {"token": 3, "depth": 2, "q": 0.5, "confidence": 0.2, "parent": None, "pruned_parent": 0}]), "meta.pruned"),
     "a budget's stop threshold as text": (0, lambda o: o["budget"].update(min_draft_prob="x"), "'budget'"),
     "a temperature as text": (0, lambda o: o["config"].update(temperature="hot"), "'config'"),
+    "prompt pieces as a number": (0, lambda o: o["prompt"].update(pieces=5), "'prompt'"),
+    "prompt pieces as ids": (0, lambda o: o["prompt"].update(pieces=[1, 2, 3]), "'prompt'"),
+    "prompt ids as text": (0, lambda o: o["prompt"].update(token_ids="abc"), "'prompt'"),
+    "a header without its target": (0, lambda o: o.pop("target"), "'target' is missing"),
+    "a header without its config": (0, lambda o: o.pop("config"), "'config' is missing"),
+    "a header without its prompt": (0, lambda o: o.pop("prompt"), "'prompt' is missing"),
 }
 
 

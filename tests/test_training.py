@@ -290,11 +290,20 @@ def test_cli_end_to_end_exports_a_loadable_fp16_drafter(tmp_path):
     (["--lr", "nan"], "--lr must be a positive number"),
     (["--out", "{file}/run"], "--out"),
     (["--out", "{file}"], "is a file, not a folder"),
+    (["--out", ""], "--out is empty"),  # once Path("") = ".": a run into the current folder
+    (["--out", " "], "--out is empty"),
+    (["--seq-len", "16"], "--seq-len must be 32 or more"),  # shorter windows are dropped: no data, a traceback
+    (["--export", "{file}"], "--export"),  # once refused only after the whole run had trained
+    (["--out", "{run}"], "holds an earlier run (final, metrics.json, step-000050): add --resume"),
 ])
 def test_train_options_are_checked_before_any_data_stage(tmp_path, capsys, argv, says):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    argv = [part.format(file=a_file) for part in argv]
+    run = tmp_path / "earlier-run"
+    (run / "final").mkdir(parents=True)
+    (run / "step-000050").mkdir()
+    (run / "metrics.json").write_text("{}")
+    argv = [part.format(file=a_file, run=run) for part in argv]
     base = {"--data": str(tmp_path), "--out": str(tmp_path / "r")}
     for flag in ("--data", "--out"):
         if flag not in argv:
@@ -302,6 +311,14 @@ def test_train_options_are_checked_before_any_data_stage(tmp_path, capsys, argv,
     code = main(["draft-lm", "--target", "no-such-model", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and says in err[-1], err
+
+
+def test_training_text_too_short_for_a_window_is_one_line(tiny_target):
+    from specviz.training.data import DataPlan, corpus_windows
+    from specviz.training.text_sources import Document
+
+    with pytest.raises(SpecvizError, match="holds no window of 32 tokens or more"):
+        corpus_windows(tiny_target, [Document("short.txt", "one short sentence .")], DataPlan(sources=["x"]))
 
 
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):

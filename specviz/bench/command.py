@@ -76,7 +76,7 @@ def _resolve(args: argparse.Namespace) -> None:
     args.draft_quant_list = settings.split("draft_quant", args.draft_quant)
     args.k_list = settings.split("k", str(args.k))  # chain rows per k: a verify-length sweep in one suite
     typed_shape = ["tree" if args.tree else "chain"] if "tree" in settings.given(args) else ["chain", "tree"]
-    args.shape_list = configs.parse_shapes(args.shapes) if args.shapes else typed_shape
+    args.shape_list = configs.parse_shapes(args.shapes) if args.shapes is not None else typed_shape
     args.values = settings.from_args(args, draft_quant=args.draft_quant_list[0], k=args.k_list[0],
                                      tree="tree" in args.shape_list)  # the shapes decide; --shapes says them
     args.drafter_list = registry.parse_list(args.drafters) if args.drafters is not None else \

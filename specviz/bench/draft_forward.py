@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 
 import torch
 
@@ -19,7 +18,7 @@ from specviz.drafters.lean_llama import lean_forward_for
 from specviz.engine import cache as kv
 from specviz.engine.cost_curve import time_forward
 from specviz.engine.verify import prefill
-from specviz.errors import SpecvizError
+from specviz.errors import SpecvizError, exit_status
 
 
 def time_step(model: torch.nn.Module, context: list[int], repeats: int) -> list[float]:
@@ -60,22 +59,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    from specviz.models import load_model
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
+    def run() -> int:
+        from specviz.models import load_model
+
+        for option, value in (("--context", args.context), ("--repeats", args.repeats), ("--threads", args.threads)):
+            if value is not None and value < 1:
+                raise SpecvizError(f"{option} must be 1 or more, got {value}")
+        if args.threads:
+            torch.set_num_threads(args.threads)
         loaded = load_model(args.draft)
         generator = torch.Generator().manual_seed(0)
         vocab = loaded.model.config.vocab_size
         context = torch.randint(0, vocab, (args.context,), generator=generator).tolist()
         result = compare(loaded.model, context, args.repeats)
-    except SpecvizError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    result["threads"] = torch.get_num_threads()
-    print(json.dumps(result))
-    return 0
+        result["threads"] = torch.get_num_threads()
+        print(json.dumps(result))
+        return 0
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -80,12 +80,28 @@ def load_pickle(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _unpickler_reason(error: Exception) -> str:
-    """What follows "WeightsUnpickler error:" in torch's long refusal (the actual reason), else its first line."""
+    """The actual reason in torch's long refusal: the line after "WeightsUnpickler error:" (older torch), else the
+    line naming the blocked global or type; never its advice to re-run with ``weights_only=False``."""
     text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     _, marker, after = text.partition("WeightsUnpickler error:")
     detail = next((line.strip() for line in after.splitlines() if line.strip()), "") if marker else ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return (f"the unpickler says: {detail}" if detail else lines[0] if lines else type(error).__name__)[:160]
+    detail = detail or next((line for line in lines if "unsupported" in line.lower() or "blocked" in line.lower()), "")
+    if detail:
+        return f"the unpickler says: {detail}"[:200]
+    first = lines[0] if lines else type(error).__name__
+    return first.split(". ")[0][:160] if "weights_only" in first else first[:160]
+
+
+def checked_weights(tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+    """``tensors`` when every weight and bias is a float tensor of finite values: a head stored as integers or holding
+    NaN would otherwise load and draft nothing useful, in silence."""
+    for name, tensor in tensors.items():
+        if name.rsplit(".", 1)[-1] in ("weight", "bias") and not tensor.is_floating_point():
+            raise SpecvizError(f"{source}: {name} is {str(tensor.dtype).replace('torch.', '')}, not a float tensor")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise SpecvizError(f"{source}: {name} holds NaN or infinite values")
+    return tensors
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -105,12 +121,12 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
         tensors: dict[str, torch.Tensor] = {}
         for file in files:
             validate_safetensors(file)
-            tensors.update(load_file(str(file), device="cpu"))
+            tensors.update(checked_weights(load_file(str(file), device="cpu"), file))
         return tensors
     binary = folder / "pytorch_model.bin"
     if not binary.is_file():
         raise SpecvizError(f"no model.safetensors or pytorch_model.bin in {folder}")
-    return load_pickle(binary)
+    return checked_weights(load_pickle(binary), binary)
 
 
 def _weight_map(folder: Path) -> dict[str, str] | None:
@@ -170,14 +186,15 @@ def tensor_index(folder: Path, pickles: tuple[str, ...] = ("pytorch_model.bin",)
                 wanted = [n for n in names if keep(n)]
                 if wanted:
                     with safe_open(str(file), framework="pt") as handle:
-                        out.update({n: handle.get_tensor(n) for n in wanted})
+                        out.update(checked_weights({n: handle.get_tensor(n) for n in wanted}, file))
             return out
         return shapes, read
     pickle = _pickle_file(folder, pickles)
     if pickle is None:
         raise SpecvizError(f"no safetensors weights (or {' / '.join(pickles)}) in {folder}")
     loaded = load_pickle(pickle)
-    return {k: tuple(v.shape) for k, v in loaded.items()}, lambda keep: {k: v for k, v in loaded.items() if keep(k)}
+    return ({k: tuple(v.shape) for k, v in loaded.items()},
+            lambda keep: checked_weights({k: v for k, v in loaded.items() if keep(k)}, pickle))
 
 
 def write(folder: Path, config: dict, tensors: dict[str, torch.Tensor], filename: str = "model.safetensors") -> Path:
@@ -215,7 +232,10 @@ def argument_check(what: str) -> Callable[[str], str]:
         if argument:
             check_source(argument, what)
             path = Path(argument).expanduser()
-            policy.check_allowed(argument, str(path.resolve()) if path.exists() else "")
+            if path.exists():
+                policy.check_allowed_path(argument, path)
+            else:
+                policy.check_allowed(argument)
         return argument
     return check
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 #: The spec a run uses when none is given and none of ``PREFERRED_SPECS`` is ready for its target: the n-gram
 #: lookup, which needs no checkpoint.
 DEFAULT_SPEC = "ngram"
-#: Tried first, in order, where ready for the target (its checkpoint shipped): the fastest drafters measured on the
-#: reference 2-core CPU (BENCHMARKS.md): the lookup, else the EAGLE-3 head.
+#: Tried first, in order, where ready for the target (its checkpoint shipped): the fastest drafter measured on the
+#: reference 2-core CPU (BENCHMARKS.md), ``hybrid``: the lookup where its matches pay, else the EAGLE-3 head.
 PREFERRED_SPECS = ("hybrid",)
 
 

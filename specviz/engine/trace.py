@@ -94,10 +94,14 @@ CONFIG_ENTRIES = {"max_new_tokens": _is_int, "seed": _or_none(_is_int), "tempera
                   "top_p": _is_probability, "top_k": _is_int}
 BUDGET_ENTRIES = {"tree": _is_bool, "k": _is_int, "width": _is_int, "depth": _is_int, "max_nodes": _is_int,
                   "min_draft_prob": _or_none(_is_probability)}
+#: The prompt as the views read it: its text, its token ids and one display text per token.
+PROMPT_ENTRIES = {"text": _or_none(_is_str), "token_ids": _list_of(_is_token), "pieces": _list_of(_is_str)}
 #: Header entries the views read, and what each must be when present.
 HEADER_FIELDS = {"target": _is_dict, "drafter": _or_none(_is_dict),
                  "config": _entries(CONFIG_ENTRIES), "budget": _or_none(_entries(BUDGET_ENTRIES)),
-                 "prompt": _is_dict}
+                 "prompt": _entries(PROMPT_ENTRIES)}
+#: Header entries every trace has (the others may be absent or null).
+REQUIRED_HEADER_FIELDS = ("target", "config", "prompt")
 #: Summary entries the views read, when present.
 SUMMARY_FIELDS = {"token_ids": _list_of(_is_int), "text": _is_str,
                   "elapsed_s": _or_none(_is_nonnegative), "prefill_ms": _or_none(_is_nonnegative),
@@ -186,6 +190,9 @@ def loads(text: str) -> Trace:
             obj = json.loads(line)
         except json.JSONDecodeError as error:
             raise TraceError(f"trace line {number} is not JSON ({error.msg})") from None
+        except (RecursionError, ValueError) as error:  # nesting too deep for the parser; numbers too long to read
+            raise TraceError(f"trace line {number} is not a JSON object a trace holds ({type(error).__name__})") \
+                from None
         if not isinstance(obj, dict):
             raise TraceError(f"trace line {number} is not a JSON object")
         objects.append(obj)
@@ -204,6 +211,9 @@ def validate(objects: list[dict]) -> None:
         raise TraceError("trace line 1 is not a specviz trace header")
     if header.get("version") != VERSION:
         raise TraceError(f"trace version {header.get('version')!r} is not supported (this specviz reads {VERSION})")
+    missing = [name for name in REQUIRED_HEADER_FIELDS if name not in header]
+    if missing:
+        raise TraceError(f"trace line 1 (header): field {missing[0]!r} is missing")
     _check_fields(header, HEADER_FIELDS, "trace line 1 (header)")
     produced = 0
     committed_all: list[int] = []

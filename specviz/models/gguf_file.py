@@ -51,11 +51,33 @@ def check_architecture(path: Path, architecture: str) -> None:
                                     f"(supported: {', '.join(sorted(supported))})")
 
 
+#: Converted copies kept per GGUF name; older ones are removed when a new one is written.
+KEEP_PER_NAME = 2
+_DIGESTS: dict[tuple, str] = {}
+
+
 def cache_dir_for(path: Path) -> Path:
-    """A cache folder keyed by the GGUF's name, size and modification time (a changed file gets a new one)."""
+    """A cache folder keyed by the GGUF's name and content: the same file installed at another path (a fresh
+    checkout, a reinstall) reuses its copy, and a changed file gets a new one."""
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_root() / f"{path.stem}-{key}"
+    seen = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if seen not in _DIGESTS:
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[seen] = digest.hexdigest()[:16]
+    return cache_root() / f"{path.stem}-{_DIGESTS[seen]}"
+
+
+def _prune(folder: Path) -> None:
+    """Remove all but the newest ``KEEP_PER_NAME`` converted copies of ``folder``'s GGUF name (each is the full float
+    model: a copy per changed file would grow without end)."""
+    stem = folder.name.rsplit("-", 1)[0]
+    copies = sorted((p for p in folder.parent.glob(f"{stem}-*") if p.is_dir() and is_cached(p)
+                     and p.name.rsplit("-", 1)[0] == stem), key=lambda p: (p == folder, p.stat().st_mtime))
+    for old in copies[:-KEEP_PER_NAME]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def is_cached(folder: Path) -> bool:
@@ -80,5 +102,6 @@ def write_cache(model, tokenizer, folder: Path) -> None:
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
+        _prune(folder)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # a cache is an optimisation: failing to write one is not an error

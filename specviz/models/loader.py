@@ -108,7 +108,7 @@ def check_spec(spec: str) -> None:
         return
     path = Path(spec).expanduser()
     if path.exists():
-        policy.check_allowed(spec, str(path.resolve()))
+        policy.check_allowed_path(spec, path)
         if not path.is_dir() and path.suffix.lower() != ".gguf":
             raise SpecvizError(f"{spec}: expected a model directory or a .gguf file")
     elif hub.looks_like_hub_id(spec):

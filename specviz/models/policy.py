@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from pathlib import Path
 
 from specviz.errors import SpecvizError
 
@@ -19,21 +20,41 @@ def trust_remote_code() -> bool:
     return os.environ.get(TRUST_REMOTE_CODE_ENV, "").strip().lower() in {"1", "true", "yes"}
 
 
+#: Set by Hugging Face Spaces in every Space's environment.
+SPACE_ENV = "SPACE_ID"
+
+
 def allowlist() -> list[str] | None:
-    """The allowlist patterns (names, ids, paths or globs), or None when every model is allowed."""
+    """The allowlist patterns (names, ids, paths or globs), or None when every model is allowed. On a Hugging Face
+    Space without the variable, the registry names only: a public page must not load any hub id or server path a
+    visitor types unless the operator says so (``SPECVIZ_MODEL_ALLOWLIST=*`` allows everything)."""
     raw = os.environ.get(ALLOWLIST_ENV, "").strip()
     if not raw:
+        if os.environ.get(SPACE_ENV, "").strip():
+            from specviz.models.registry import REGISTRY
+
+            return list(REGISTRY)
         return None
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
 def check_allowed(spec: str, *aliases: str) -> None:
-    """Raise a one-line error unless ``spec`` (or one of its aliases, such as a resolved path) is allowlisted."""
+    """Raise a one-line error unless ``spec`` (or one of its aliases, such as a registry entry's location) is
+    allowlisted. Local paths go through ``check_allowed_path``."""
+    _check(spec, [spec, *aliases])
+
+
+def check_allowed_path(spec: str, path: Path) -> None:
+    """A local file or folder is allowed by its resolved path only: the text as typed could climb out of an allowed
+    folder with ``..`` or a symbolic link (and a glob's ``*`` matches ``/``)."""
+    _check(spec, [str(path.resolve())])
+
+
+def _check(spec: str, names: list[str]) -> None:
     patterns = allowlist()
     if patterns is None:
         return
-    names = [spec, *[alias for alias in aliases if alias]]
     for name in names:
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+        if name and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
             return
     raise SpecvizError(f"model {spec!r} is not allowed here ({ALLOWLIST_ENV}={','.join(patterns)})")

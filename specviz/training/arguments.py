@@ -23,7 +23,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target model: registry name, directory, .gguf or hub id")
     parser.add_argument("--data", nargs="+", required=True,
                         help="training text: files, folders, globs, or 'stdlib' (the Python standard library)")
-    parser.add_argument("--out", required=True, type=Path, help="run folder: checkpoints, metrics, final model")
+    parser.add_argument("--out", required=True, help="run folder: checkpoints, metrics, final model")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
@@ -75,7 +75,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="feature cache (git-ignored)")
-    parser.add_argument("--export", type=Path, default=None, help="also write fp16 weights + model card here")
+    parser.add_argument("--export", default=None, help="also write fp16 weights + model card here")
     parser.add_argument("--name", default=None, help="model name used in the model card")
 
 

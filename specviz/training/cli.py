@@ -20,7 +20,7 @@ import torch
 from specviz import outputs
 from specviz.errors import SpecvizError
 from specviz.training.arguments import DESCRIPTION, add_train_arguments, build_parser
-from specviz.training.data import DataPlan, build_data
+from specviz.training.data import MIN_WINDOW, DataPlan, build_data
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
 from specviz.training.trainers import TrainConfig, fit, get_trainer, warm_start
@@ -47,7 +47,9 @@ def train(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     trainer_cls = get_trainer(args.kind)
     family_options = trainer_options(trainer_cls, args.trainer_options)
-    out: Path = outputs.output_dir(args.out, "--out")
+    out = run_folder(args.out, resume=args.resume)
+    if args.export is not None:  # checked now: a file there used to fail only after the whole run
+        args.export = outputs.output_dir(args.export, "--export")
     out.mkdir(parents=True, exist_ok=True)
     with (out / "train.log").open("a", encoding="utf-8") as log_file:
         def log(message: str) -> None:
@@ -202,9 +204,21 @@ def trainer_options(trainer_cls, pairs: list[str]) -> dict:
 
 
 #: The train options that must be whole numbers of at least this much (checked before any data stage).
-AT_LEAST = {"steps": 0, "batch_size": 1, "seq_len": 2, "warmup": 0, "save_every": 1, "log_every": 1, "prompts": 0,
-            "extra_prompts": 0, "eval_prompts": 0, "gen_tokens": 1, "gen_batch": 1, "corpus_tokens": 0,
+AT_LEAST = {"steps": 0, "batch_size": 1, "seq_len": MIN_WINDOW, "warmup": 0, "save_every": 1, "log_every": 1,
+            "prompts": 0, "extra_prompts": 0, "eval_prompts": 0, "gen_tokens": 1, "gen_batch": 1, "corpus_tokens": 0,
             "stdlib_files": 0, "topk": 1, "threads": 1, "hidden": 1, "layers": 1}
+
+
+def run_folder(path, *, resume: bool) -> Path:
+    """``--out`` checked: a writable folder, and one that holds no earlier run unless ``--resume`` continues it
+    (training into it would overwrite its final weights and metrics, and prune its checkpoints)."""
+    out = outputs.output_dir(path, "--out")
+    earlier = [name for name in ("latest", "final", "metrics.json") if (out / name).exists()] + \
+        sorted(p.name for p in out.glob("step-*"))[:1] if out.is_dir() else []
+    if earlier and not resume:
+        raise SpecvizError(f"--out {out} holds an earlier run ({', '.join(earlier)}): add --resume to continue it, or "
+                           "give a new folder")
+    return out
 
 
 def check_numbers(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from specviz.errors import SpecvizError
 from specviz.training.features import FeatureSet, cache_key, extract_features
 from specviz.training.generate import MAX_PROMPT_TOKENS, self_distill
 from specviz.training.prompts import Prompt, build_prompts, file_prompts
@@ -116,16 +117,23 @@ def hidden_states_over(target, answered: FeatureSet, plan: DataPlan) -> FeatureS
                             categories=answered.categories)
 
 
+#: The shortest corpus window worth training on (tokens); ``--seq-len`` may not go below it.
+MIN_WINDOW = 32
+
+
 def corpus_windows(target, documents: list[Document], plan: DataPlan) -> tuple[list[list[int]], list[str]]:
     """Non-overlapping ``seq_len`` token windows from the documents, a seeded sample of ``corpus_tokens`` tokens."""
     windows, kinds = [], []
     for doc in documents:
         ids = target.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
-        for start in range(0, max(1, len(ids) - 32), plan.seq_len):
+        for start in range(0, max(1, len(ids) - MIN_WINDOW), plan.seq_len):
             piece = ids[start:start + plan.seq_len]
-            if len(piece) >= 32:
+            if len(piece) >= MIN_WINDOW:
                 windows.append(piece)
                 kinds.append(doc.kind)
+    if not windows:
+        raise SpecvizError(f"the training text ({len(documents)} document(s)) holds no window of {MIN_WINDOW} tokens "
+                           f"or more: give more text with --data, or --corpus-tokens 0 to train on answers alone")
     order = list(range(len(windows)))
     random.Random(plan.seed + 2).shuffle(order)
     chosen, total = [], 0

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from specviz import outputs
+from specviz.errors import SpecvizError, exit_status
 from specviz.models.shared_embedding import strip_shared
 from specviz.training.arguments import build_parser
 
@@ -354,14 +356,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", type=Path, nargs="+", default=[], help="results.json of `specviz bench` runs with "
                         "this drafter (their τ and speedup go into the model card, one table per run)")
     args = parser.parse_args(argv)
-    summary = json.loads((args.run / "metrics.json").read_text())
-    size = export_model(args.run / "final", args.dest)
-    name = args.name or args.dest.name
-    drafter = f"model:{name}" if summary["kind"] == "draft-lm" else summary["kind"]
-    engine = [engine_rows_from_bench(json.loads(path.read_text()), drafter) for path in args.bench]
-    write_model_card(args.dest, summary, name=name, engine=engine)
-    print(f"wrote {args.dest} ({size / 2**20:.1f} MiB of weights)")
-    return 0
+
+    def run() -> int:
+        for needed in (args.run / "metrics.json", args.run / "final" / "config.json", *args.bench):
+            if not needed.is_file():
+                raise SpecvizError(f"{needed} is missing: --run takes a finished `specviz train` run folder, --bench "
+                                   "the results.json of `specviz bench` runs")
+        outputs.output_dir(args.dest, "--dest")
+        try:
+            summary = json.loads((args.run / "metrics.json").read_text())
+            benches = [json.loads(path.read_text()) for path in args.bench]
+        except (ValueError, UnicodeDecodeError) as error:
+            raise SpecvizError(f"a --run metrics.json or --bench file is not valid JSON ({error})") from None
+        size = export_model(args.run / "final", args.dest)
+        name = args.name or args.dest.name
+        drafter = f"model:{name}" if summary["kind"] == "draft-lm" else summary["kind"]
+        engine = [engine_rows_from_bench(bench, drafter) for bench in benches]
+        write_model_card(args.dest, summary, name=name, engine=engine)
+        print(f"wrote {args.dest} ({size / 2**20:.1f} MiB of weights)")
+        return 0
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from specviz import settings
 from specviz.engine import trace
+from specviz.errors import SpecvizError, exit_status
 from specviz.viz.record import RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,10 +123,22 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--categories", default="summarization,coding")
     rec.add_argument("--drafters", default=None, help="comma list of drafter specs (default: every ready drafter)")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
-    record(args.out, args.max_new_tokens, split(args.categories), split(args.drafters) if args.drafters else None)
-    return 0
+
+    def run() -> int:
+        from specviz import outputs
+        from specviz.drafters import registry
+
+        out = outputs.output_dir(args.out, "--out")
+        split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+        categories, known = split(args.categories), sorted({row["category"] for row in prompts()})
+        unknown = [c for c in categories if c not in known]
+        if unknown or not categories:
+            raise SpecvizError(f"--categories {args.categories!r}: give some of {', '.join(known)}")
+        drafters = registry.parse_list(args.drafters) if args.drafters is not None else None
+        out.mkdir(parents=True, exist_ok=True)
+        record(out, args.max_new_tokens, categories, drafters)
+        return 0
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -185,10 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the numbers here too")
     args = parser.parse_args(argv)
 
+    prompt = next((p["turns"][0] for p in examples.prompts() if p["category"] == args.category), None)
+    if prompt is None:  # checked before the minutes of measuring
+        known = ", ".join(sorted({p["category"] for p in examples.prompts()}))
+        print(f"error: --category {args.category!r} has no example prompt; give one of {known}", file=sys.stderr)
+        return 2
     results: dict = {"threads": os.environ.get("OMP_NUM_THREADS", "default")}
     results.update(bench_tree(50))
     results.update(bench_panels(20))
-    prompt = next(p["turns"][0] for p in examples.prompts() if p["category"] == args.category)
     request = runner.RunRequest(prompt=prompt, chat=True, tree=args.tree, max_new_tokens=args.max_new_tokens)
     request = request.validate()
 
