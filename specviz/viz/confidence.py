@@ -140,7 +140,7 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
         data += _block_traces(rows)
         # each position's token under its number: inside a short bar plotly drops the text, and q is often small
         ticks = dict(tickvals=[row["depth"] for row in rows],
-                     ticktext=[f"{row['depth']}<br>{label(row['text'], 8)}" for row in rows])
+                     ticktext=[f"{row['depth']}<br>{label(row['text'], 8)}" for row in rows], automargin=True)
         schedule = _meta(round_).get("schedule")
         if isinstance(schedule, dict) and isinstance(schedule.get("length"), int):
             data += _schedule_traces(schedule)
@@ -187,6 +187,9 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
         yaxis3=_axis([0, 1], "x3", "realised acceptance", range=[0, 1.05]),
         shapes=shapes, annotations=annotations,
     )
+    if "ticktext" in ticks:  # the labels say "k, token" themselves; an axis title would sit across the legend
+        layout["xaxis"]["title"]["text"] = ""
+        layout["legend"]["y"] = -0.25
     return dict(data=data, layout=layout)
 
 
