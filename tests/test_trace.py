@@ -116,9 +116,9 @@ EDITED = {
     "prompt pieces as a number": (0, lambda o: o["prompt"].update(pieces=5), "'prompt'"),
     "prompt pieces as ids": (0, lambda o: o["prompt"].update(pieces=[1, 2, 3]), "'prompt'"),
     "prompt ids as text": (0, lambda o: o["prompt"].update(token_ids="abc"), "'prompt'"),
-    "a header without its target": (0, lambda o: o.pop("target"), "'target' is missing"),
-    "a header without its config": (0, lambda o: o.pop("config"), "'config' is missing"),
-    "a header without its prompt": (0, lambda o: o.pop("prompt"), "'prompt' is missing"),
+    "a header without its target": (0, lambda o: o.pop("target"), "missing field 'target'"),
+    "a header without its config": (0, lambda o: o.pop("config"), "missing field 'config'"),
+    "a header without its prompt": (0, lambda o: o.pop("prompt"), "missing field 'prompt'"),
 }
 
 

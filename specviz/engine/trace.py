@@ -213,7 +213,7 @@ def validate(objects: list[dict]) -> None:
         raise TraceError(f"trace version {header.get('version')!r} is not supported (this specviz reads {VERSION})")
     missing = [name for name in REQUIRED_HEADER_FIELDS if name not in header]
     if missing:
-        raise TraceError(f"trace line 1 (header): field {missing[0]!r} is missing")
+        raise TraceError(f"trace line 1 (header): missing field {missing[0]!r}")
     _check_fields(header, HEADER_FIELDS, "trace line 1 (header)")
     produced = 0
     committed_all: list[int] = []
