@@ -43,7 +43,7 @@ def _generate_parser(sub) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     values = settings.from_args(args)  # every setting checked before anything loads
     drafter_spec = args.drafter if args.drafter is not None else registry.default_for(values["target"])
-    registry.parse(drafter_spec, where=" (--drafter)")
+    registry.check_ready(drafter_spec, values["target"], where=" (--drafter)")
     budget, config = api.budget_for(values), api.config_for(values)
     if not args.prompt.strip():
         raise SpecvizError("the prompt is empty")

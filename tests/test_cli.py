@@ -114,3 +114,16 @@ def test_the_documented_helper_commands_refuse_bad_input_in_one_line(module, arg
     code = importlib.import_module(module).main([a.format(file=a_file, tmp=tmp_path) for a in argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
+
+
+@pytest.mark.parametrize("argv", [["generate", "--drafter", "eagle", "--prompt", "hi"],
+                                  ["bench", "--drafters", "ngram,eagle", "--quick", "--no-hf"]])
+def test_a_bare_drafter_with_nothing_shipped_is_refused_before_the_target_loads(argv, capsys, monkeypatch):
+    """No EAGLE-1 head is shipped for the default target: one line at once, not after loading the target."""
+    from specviz.models import loader
+
+    monkeypatch.setattr(loader, "_load_uncached", lambda *a: pytest.fail("the target loaded"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[-1]] and "no EAGLE-1 head is shipped for smollm2-135m" in err[-1]
+    assert "eagle:<dir|hub id>" in err[-1]

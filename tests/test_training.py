@@ -325,7 +325,8 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
     code = main(["draft-lm", "--target", "no-such-model", "--data", str(tmp_path), "--out", str(tmp_path / "r")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: unknown model")
+    assert err == [err[-1]] and err[-1].startswith("error: unknown model")
+    assert not (tmp_path / "r").exists()  # refused before the run folder and its log were made
 
 
 def _write_prompt_file(path: Path, per_category: int = 4) -> Path:
@@ -424,7 +425,7 @@ def test_cli_trains_on_a_prompt_file_and_reports_its_held_out_part(tmp_path, cap
                          (["--prompt-file", str(prompts), "--sampled-answers", "1", "--sample-temperature", "0"],
                           "above 0")):
         capsys.readouterr()
-        assert main([*common, *bad]) == 2
+        assert main([*common, "--out", str(tmp_path / "refused"), *bad]) == 2  # a new folder: "run" holds a run
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 

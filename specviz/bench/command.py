@@ -81,6 +81,8 @@ def _resolve(args: argparse.Namespace) -> None:
                                      tree="tree" in args.shape_list)  # the shapes decide; --shapes says them
     args.drafter_list = registry.parse_list(args.drafters) if args.drafters is not None else \
         registry.default_specs(args.values["target"])
+    for spec in args.drafter_list:  # a bare name with nothing shipped for the target: now, not after its load
+        registry.check_ready(spec, args.values["target"], where=" in --drafters")
 
 
 #: The verify-cost curve's name for the fast path on oneDNN's packed product, measured beside the thin kernel's.

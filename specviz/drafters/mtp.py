@@ -560,6 +560,7 @@ FAMILY = register(DrafterFamily(
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as published MTP layers are fed)",
     check=checkpoint_files.argument_check("MTP modules"),
+    bare_from_target=True,
     checkpoints=checkpoint_files.shipped("mtp"),
     trainer="mtp",  # specviz train mtp (specviz.training.trainers.mtp)
     order=33,

@@ -62,6 +62,8 @@ class DrafterFamily:
     variants: tuple[str, ...] = ()
     trainer: str | None = None
     order: int = 100
+    #: whether the bare name can also mean the target checkpoint's own layers (MTP), so no shipped file is needed
+    bare_from_target: bool = False
 
     def layers_for(self, num_hidden_layers: int) -> tuple[int, ...]:
         """The ``hidden_states`` indices this family reads from a target with that many decoder layers."""
@@ -109,6 +111,19 @@ def get(name: str) -> DrafterFamily:
 def known() -> str:
     """The families as one line: ``ngram[:N] (prompt lookup), model:<name|dir|hub id> (draft model)``."""
     return ", ".join(f"{f.syntax} ({f.title})" for f in families())
+
+
+def check_ready(spec: str, target: str, *, where: str = "") -> tuple[DrafterFamily, str]:
+    """``parse``, and for a bare name that needs a shipped checkpoint, a one-line error when ``target`` is a registry
+    name it is not shipped for: the run would otherwise load the target first and fail after it."""
+    from specviz.models.registry import REGISTRY
+
+    family, argument = parse(spec, where=where)
+    needs_shipped = not argument and family.checkpoints is not None and not family.default_spec
+    if needs_shipped and not family.bare_from_target and target in REGISTRY and not family.ready(target):
+        syntax = family.syntax.replace("[", "").replace("]", "")
+        raise SpecvizError(f"no {family.title} is shipped for {target}{where}; give {syntax}")
+    return family, argument
 
 
 def parse(spec: str, *, where: str = "") -> tuple[DrafterFamily, str]:

@@ -50,6 +50,9 @@ def train(args: argparse.Namespace) -> dict:
     out = run_folder(args.out, resume=args.resume)
     if args.export is not None:  # checked now: a file there used to fail only after the whole run
         args.export = outputs.output_dir(args.export, "--export")
+    from specviz.models import check_spec
+
+    check_spec(args.target)  # an unknown or unreachable target: one line, and no run folder left behind
     out.mkdir(parents=True, exist_ok=True)
     with (out / "train.log").open("a", encoding="utf-8") as log_file:
         def log(message: str) -> None:

@@ -53,7 +53,7 @@ class _Request:
             raise SpecvizError("the prompt is empty")
         if not self.target or not self.target.strip():
             raise SpecvizError("choose a target model")
-        registry.parse(self.drafter)
+        registry.check_ready(self.drafter, self.target.strip())
         checked = settings.validate({s.name: getattr(self, s.name) for s in settings.SETTINGS}, ui=True)
         # the checked values in their declared types (a slider's 4.0 is k = 4)
         changed = {name: value for name, value in checked.items()
