@@ -79,13 +79,47 @@ def test_an_unreachable_hub_is_one_line_at_once(monkeypatch, tmp_path):
     for name in hub.PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(hub, "_ANSWERS", {})
     monkeypatch.setattr(socket, "getaddrinfo", no_dns)
     assert hub.local_only()
     with pytest.raises(SpecvizError) as error:
         load_model("someone/some-model-that-is-not-cached")
     assert "unreachable from this machine" in one_line(error)
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # a proxy may reach what DNS here does not
-    assert not hub.local_only()
+
+
+def test_a_proxy_is_asked_and_a_dead_one_is_one_line_at_once(monkeypatch, tmp_path):
+    """With a proxy set the first hop is the proxy: one that answers may reach what DNS here does not; one that
+    refuses (a stale HTTPS_PROXY) used to cost half a minute of retries and a dozen log lines."""
+    import socket
+
+    from specviz.models import hub
+
+    hops = []
+
+    class Answer:
+        def close(self):
+            pass
+
+    def connect(address, timeout=None):
+        hops.append(address)
+        if address == ("dead.example", 9):
+            raise ConnectionRefusedError(111, "Connection refused")
+        return Answer()
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in hub.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(hub, "_ANSWERS", {})
+    monkeypatch.setattr(socket, "create_connection", connect)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert not hub.local_only() and hops == [("proxy.example", 3128)]
+    monkeypatch.setenv("HTTPS_PROXY", "http://dead.example:9")
+    assert hub.local_only()
+    with pytest.raises(SpecvizError) as error:
+        load_model("someone/some-model-that-is-not-cached")
+    assert "a proxy that does not answer" in one_line(error)
+    assert hops.count(("dead.example", 9)) == 1  # asked once a minute, not on every check
 
 
 def test_missing_path_is_one_line(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from urllib.parse import urlparse
 
 from specviz.errors import SpecvizError
@@ -23,21 +24,40 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
-#: Proxy settings under which the hub may be reachable although its host name does not resolve here.
+#: Proxy settings: a hub request first connects to the proxy, which may reach the hub although its name does not
+#: resolve here.
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+#: Seconds a TCP connection to the hub (or to its proxy) may take before the hub counts as unreachable.
+CONNECT_TIMEOUT_S = 2.0
+#: Seconds a reachability answer is kept: every hub-id check asks, and the network rarely changes within a minute.
+ANSWER_KEPT_S = 60.0
+_ANSWERS: dict[tuple[str, int], tuple[float, bool]] = {}
+
+
+def _first_hop() -> tuple[str, int]:
+    """Where a hub request first connects: the proxy when one is set, else the hub's own host."""
+    proxy = next((os.environ[name] for name in PROXY_VARIABLES if os.environ.get(name)), "")
+    url = urlparse(proxy if "://" in proxy else f"http://{proxy}") if proxy else \
+        urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    default_port = {"https": 443, "http": 80}.get(url.scheme, 1080)  # 1080: a SOCKS proxy
+    return url.hostname or "huggingface.co", url.port or default_port
 
 
 def hub_unreachable() -> bool:
-    """Whether the hub's host name does not resolve and no proxy is set (a machine without network): hub calls then
-    read the local cache at once instead of retrying the connection for half a minute."""
-    if any(os.environ.get(name) for name in PROXY_VARIABLES):
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    """Whether hub requests cannot even connect (the hub's host, or the proxy's, does not resolve, refuses or does
+    not answer within ``CONNECT_TIMEOUT_S``): hub calls then read the local cache at once instead of retrying the
+    connection for half a minute."""
+    hop, now = _first_hop(), time.monotonic()
+    kept = _ANSWERS.get(hop)
+    if kept is not None and now - kept[0] < ANSWER_KEPT_S:
+        return kept[1]
     try:
-        socket.getaddrinfo(host, 443)
+        socket.create_connection(hop, timeout=CONNECT_TIMEOUT_S).close()
+        unreachable = False
     except OSError:
-        return True
-    return False
+        unreachable = True
+    _ANSWERS[hop] = (now, unreachable)
+    return unreachable
 
 
 def local_only() -> bool:
@@ -73,7 +93,8 @@ def hub_error(spec: str, error: Exception) -> SpecvizError:
                             f"is offline (HF_HUB_OFFLINE=1) and it is not in the local cache")
     if hub_unreachable():
         return SpecvizError(f"{spec!r} is not a local path, and as a Hugging Face hub id it cannot be fetched: the hub "
-                            f"is unreachable from this machine (no network) and it is not in the local cache")
+                            f"is unreachable from this machine (no network, or a proxy that does not answer) and it "
+                            f"is not in the local cache")
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return SpecvizError(f"{spec!r} is not a local path, and loading it from the Hugging Face hub failed (unreachable, "
                         f"private or missing): {first[:200]}")
