@@ -66,33 +66,39 @@ def test_hub_id_offline_is_one_line(monkeypatch, tmp_path):
     assert "offline" in one_line(error)
 
 
-def test_an_unreachable_hub_is_one_line_at_once(monkeypatch, tmp_path):
-    """No network (the hub's host does not resolve): the local cache only, at once, not half a minute of retries."""
-    import socket
-
+@pytest.fixture
+def hub_on(monkeypatch, tmp_path):
+    """The hub switched on (conftest keeps it off), no proxy, an empty cache and no remembered reachability."""
     from specviz.models import hub
-
-    def no_dns(*args, **kwargs):
-        raise socket.gaierror(-2, "Name or service not known")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     for name in hub.PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setattr(hub, "_ANSWERS", {})
+    return hub
+
+
+def test_an_unreachable_hub_is_one_line_at_once(monkeypatch, hub_on):
+    """No network (the hub's host does not resolve): the local cache only, at once, not half a minute of retries."""
+    import socket
+
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
     monkeypatch.setattr(socket, "getaddrinfo", no_dns)
-    assert hub.local_only()
+    assert hub_on.local_only()
     with pytest.raises(SpecvizError) as error:
         load_model("someone/some-model-that-is-not-cached")
     assert "unreachable from this machine" in one_line(error)
 
 
-def test_a_proxy_is_asked_and_a_dead_one_is_one_line_at_once(monkeypatch, tmp_path):
+def test_a_proxy_is_asked_and_a_dead_one_is_one_line_at_once(monkeypatch, hub_on):
     """With a proxy set the first hop is the proxy: one that answers may reach what DNS here does not; one that
     refuses (a stale HTTPS_PROXY) used to cost half a minute of retries and a dozen log lines."""
     import socket
 
-    from specviz.models import hub
 
     hops = []
 
@@ -106,16 +112,11 @@ def test_a_proxy_is_asked_and_a_dead_one_is_one_line_at_once(monkeypatch, tmp_pa
             raise ConnectionRefusedError(111, "Connection refused")
         return Answer()
 
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    for name in hub.PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setattr(hub, "_ANSWERS", {})
     monkeypatch.setattr(socket, "create_connection", connect)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
-    assert not hub.local_only() and hops == [("proxy.example", 3128)]
+    assert not hub_on.local_only() and hops == [("proxy.example", 3128)]
     monkeypatch.setenv("HTTPS_PROXY", "http://dead.example:9")
-    assert hub.local_only()
+    assert hub_on.local_only()
     with pytest.raises(SpecvizError) as error:
         load_model("someone/some-model-that-is-not-cached")
     assert "a proxy that does not answer" in one_line(error)

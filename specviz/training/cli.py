@@ -216,8 +216,10 @@ def run_folder(path, *, resume: bool) -> Path:
     """``--out`` checked: a writable folder, and one that holds no earlier run unless ``--resume`` continues it
     (training into it would overwrite its final weights and metrics, and prune its checkpoints)."""
     out = outputs.output_dir(path, "--out")
-    earlier = [name for name in ("latest", "final", "metrics.json") if (out / name).exists()] + \
-        sorted(p.name for p in out.glob("step-*"))[:1] if out.is_dir() else []
+    earlier = []
+    if out.is_dir():
+        earlier = [name for name in ("latest", "final", "metrics.json") if (out / name).exists()]
+        earlier += sorted(p.name for p in out.glob("step-*"))[:1]
     if earlier and not resume:
         raise SpecvizError(f"--out {out} holds an earlier run ({', '.join(earlier)}): add --resume to continue it, or "
                            "give a new folder")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from specviz.engine import trace
 from specviz.engine.round import Round, TokenChoice
+from specviz.errors import SpecvizError, exit_status
 from specviz.ui import examples, runner
 from specviz.ui.state import Producer
 from specviz.ui.views import plot
@@ -185,11 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the numbers here too")
     args = parser.parse_args(argv)
 
+    return exit_status(lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Time one example prompt headless, streamed through the app's client and (``--browser``) in Chromium; print
+    and write the figures."""
     prompt = next((p["turns"][0] for p in examples.prompts() if p["category"] == args.category), None)
     if prompt is None:  # checked before the minutes of measuring
         known = ", ".join(sorted({p["category"] for p in examples.prompts()}))
-        print(f"error: --category {args.category!r} has no example prompt; give one of {known}", file=sys.stderr)
-        return 2
+        raise SpecvizError(f"--category {args.category!r} has no example prompt; give one of {known}")
     results: dict = {"threads": os.environ.get("OMP_NUM_THREADS", "default")}
     results.update(bench_tree(50))
     results.update(bench_panels(20))
