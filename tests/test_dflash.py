@@ -707,6 +707,47 @@ def test_our_drafters_resaved_in_each_layout_draft_identically(tmp_path, setup):
         assert drafted(loaded, target, budget) == drafted(model, target, budget), layout
 
 
+def tied_target() -> Target:
+    """A tiny target whose output layer is its embedding (as SmolLM2's), peaked as ``setup``'s."""
+    net = tiny.model("llama", VOCAB, layers=LAYERS)
+    net.config.tie_word_embeddings = True
+    net.lm_head.weight = net.model.embed_tokens.weight
+    with torch.no_grad():
+        net.model.embed_tokens.weight.mul_(25)
+    assert net.lm_head.weight.data_ptr() == net.get_input_embeddings().weight.data_ptr()
+    return Target(model=net, tokenizer=tiny.tokenizer(VOCAB), name="tiny-tied")
+
+
+def test_drafters_for_a_tied_target_resave_in_each_layout_and_draft_identically(tmp_path, monkeypatch):
+    """The DeepSpec layout carries embed_tokens and lm_head: for a tied target they are one tensor, written as two
+    copies (safetensors refuses shared memory). Every layout re-saves and drafts as the original, DSpark's greedy
+    calibration curve included; a write that fails leaves no folder behind."""
+    import safetensors.torch
+
+    target = tied_target()
+    models = {kind: new_model(target.model, kind, mask_token_id=MASK, seed=1, **options)
+              for kind, options in (("dflash", {}), ("dspark", {"markov_rank": 16}))}
+    # as the shipped DSpark: a greedy calibration curve, which its schedule starts from (kept in every layout)
+    models["dspark"].greedy_calibration = ReliabilityCurve(((0.0, 0.1), (1.0, 0.6)), samples=100)
+    for index, (model, layout) in enumerate(variants(models)):
+        folder = save_drafter(model, tmp_path / f"{index}-{layout}", target_name="tiny-tied", layout=layout)
+        assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"], layout
+        loaded = load_drafter(folder, target.model)
+        assert loaded.spec == model.spec, layout
+        assert getattr(loaded, "greedy_calibration", None) == getattr(model, "greedy_calibration", None), layout
+        budget = DraftBudget(tree=True, width=3, depth=4, max_nodes=8) if model.spec.kind == "dflash" else \
+            DraftBudget(k=6)
+        assert drafted(loaded, target, budget) == drafted(model, target, budget), layout
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_drafter(models["dspark"], tmp_path / "failed" / "deepspec", target_name="tiny-tied", layout="deepspec")
+    assert not (tmp_path / "failed" / "deepspec").exists()
+
+
 def test_written_layouts_hold_the_published_names(tmp_path, setup):
     """z-lab checkpoints hold the body only (speculators' converter fixture names it); DeepSpec's carry copies of the
     target's embedding and output layer; ours records them instead of storing them."""

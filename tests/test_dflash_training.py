@@ -1,6 +1,7 @@
 """DFlash / DSpark training: the training forward computes exactly what drafting computes, the losses mean what
 they say, and a short run learns and saves a loadable drafter."""
 
+import math
 import random
 
 import pytest
@@ -15,8 +16,11 @@ from specviz.training.batches import Batch, make_batch
 from specviz.training.trainers import TRAINERS, TrainConfig, fit, get_trainer
 from specviz.training.trainers.dflash import (
     block_outputs,
+    confidence_loss,
+    confidence_target,
     expected_calibration_error,
     position_gamma,
+    position_weights,
     sample_anchors,
     total_variation,
 )
@@ -112,6 +116,78 @@ def test_total_variation_with_the_target_top_k():
 
 def test_position_decay_constants():
     assert [position_gamma(b) for b in (16, 10, 8, 7)] == [7, 5, 4, 4]
+
+
+def test_position_weights_decay_as_exp_minus_k_minus_1_over_gamma():
+    """The k-th draft (0-based index j = k − 1) weighs exp(−(k − 1)/γ), γ = 7 for blocks of 16, 4 for 8."""
+    index = torch.tensor([0.0, 1.0, 2.0, 5.0, 0.0])
+    torch.testing.assert_close(position_weights(index, 16), torch.tensor([math.exp(-j / 7) for j in index.tolist()]))
+    torch.testing.assert_close(position_weights(index, 8), torch.tensor([1.0, math.exp(-1 / 4), math.exp(-2 / 4),
+                                                                        math.exp(-5 / 4), 1.0]))
+
+
+def test_confidence_target_is_one_minus_the_total_variation():
+    """DSpark's confidence learns the per-step acceptance 1 − ½‖p − q‖₁: by hand on a 4-token vocabulary
+    (p = [.5, .3, .2, 0], q uniform: ½(.25 + .05 + .05 + .25) = .3), with p's top 2 only (rest lumped: the same
+    here), and the BCE against it."""
+    q = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.1, 0.6, 0.2, 0.1]])
+    full_ids, full_p = torch.tensor([[0, 1, 2, 3]] * 2), torch.tensor([[0.5, 0.3, 0.2, 0.0]] * 2)
+    # second row: ½(|.5 − .1| + |.3 − .6| + 0 + |0 − .1|) = .4
+    torch.testing.assert_close(confidence_target(total_variation(q, full_ids, full_p)), torch.tensor([0.7, 0.6]))
+    top_ids, top_p = full_ids[:, :2], full_p[:, :2]  # rest: p .2, q .5 and .3 → ½(.25 + .05 + .3), ½(.4 + .3 + .1)
+    torch.testing.assert_close(confidence_target(total_variation(q, top_ids, top_p)), torch.tensor([0.7, 0.6]))
+    tv = torch.tensor([0.3, 0.0, 1.0, 1.2, -0.1], requires_grad=True)
+    target = confidence_target(tv)
+    torch.testing.assert_close(target, torch.tensor([0.7, 1.0, 0.0, 0.0, 1.0]))  # within [0, 1]
+    assert not target.requires_grad  # a target, not a path for gradients into the draft
+    c = torch.tensor([0.8, 0.5, 0.0])
+    expected = [-(0.7 * math.log(0.8) + 0.3 * math.log(0.2)), -math.log(0.5), -math.log(1 - 1e-6)]
+    torch.testing.assert_close(confidence_loss(c, torch.tensor([0.3, 0.0, 1.0])), torch.tensor(expected))
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_loss_values_follow_the_formulas(kind):
+    """``trainer.loss`` recomputed from the same blocks by the formulas: CE to the renormalised top-k, and for DSpark
+    the total variation and the confidence BCE against 1 − TV, each averaged with weights exp(−j/γ) (γ = 4 for
+    DFlash's 8 and DSpark's 7); DSpark's loss = 0.1 CE + 0.9 TV + BCE. The unweighted means differ, so the decay
+    is what is checked."""
+    target = tiny.target("llama", VOCAB, layers=LAYERS, scale=10)
+    rng = random.Random(1)
+    sequences = [[rng.randrange(VOCAB - 1) for _ in range(20)] for _ in range(4)]
+    trainer = get_trainer(kind)(target, {"mask_token_id": MASK, "markov_rank": 8, "anchors": 5})
+    data = feature_set(target.model, sequences, trainer.features().layers, topk=8)
+    trainer.prepare(data)
+    student = trainer.build_student()
+    batch = make_batch(data, list(range(4)), 20)
+    torch.manual_seed(0)
+    loss, stats = trainer.loss(student, batch)
+    torch.manual_seed(0)  # the same anchors
+    with torch.no_grad():
+        out = block_outputs(student, batch, *sample_anchors(batch, 5))
+    assert student.spec.block_size == (7 if kind == "dspark" else 8)
+    weight = torch.tensor([math.exp(-j / 4) for j in out.draft_index.tolist()])
+    assert len(set(out.draft_index.tolist())) > 1
+    q = out.logits.float().softmax(-1)
+    assert bool((out.top_ids >= 0).all())
+    p = out.top_p  # the target's top 8 (their mass below 1: the rest lumped in the TV)
+    ce = -(p / p.sum(-1, keepdim=True) * q.gather(-1, out.top_ids).log()).sum(-1)
+
+    def weighted(values):
+        return float((values * weight).sum() / weight.sum())
+
+    assert stats["ce"] == pytest.approx(weighted(ce), rel=1e-5)
+    assert abs(weighted(ce) - float(ce.mean())) > 1e-3 * weighted(ce)
+    if kind == "dflash":
+        assert loss.item() == pytest.approx(weighted(ce), rel=1e-5)
+        return
+    q_top = q.gather(-1, out.top_ids)
+    tv = 0.5 * ((p - q_top).abs().sum(-1) + ((1 - p.sum(-1)) - (1 - q_top.sum(-1))).abs())
+    c = out.confidence
+    bce = -((1 - tv) * c.log() + tv * (1 - c).log())
+    assert stats["tv"] == pytest.approx(weighted(tv), rel=1e-5)
+    assert stats["bce"] == pytest.approx(weighted(bce), rel=1e-5)
+    assert abs(weighted(bce) - float(bce.mean())) > 1e-3 * weighted(bce)
+    assert loss.item() == pytest.approx(0.1 * weighted(ce) + 0.9 * weighted(tv) + weighted(bce), rel=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])

@@ -198,6 +198,34 @@ def test_a_tied_checkpoint_may_hold_either_copy_of_the_embedding(tiny_dir):
     assert torch.equal(loaded.get_input_embeddings().weight, embedding)
 
 
+def test_a_mixture_of_experts_checkpoint_is_checked_as_saved(tmp_path):
+    """transformers saves a mixture of experts' matrices one expert at a time and fuses them on load: the check
+    compares the checkpoint with the names as saved (it refused every MoE target before), and still refuses a
+    config that does not describe the weights."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = Qwen2MoeForCausalLM(config).eval()
+    folder = tmp_path / "moe"
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as saved:
+        assert "model.layers.0.mlp.experts.3.down_proj.weight" in set(saved.keys())  # one expert at a time
+    loaded = load_model(str(folder)).model
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.allclose(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5)
+    clear_cache()
+    _edit_config(folder, num_experts=8)
+    with pytest.raises(SpecvizError) as error:
+        load_model(str(folder))
+    assert "config.json" in one_line(error)
+
+
 def _write_gguf(path: Path, architecture: str) -> Path:
     from gguf import GGUFWriter
 

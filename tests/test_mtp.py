@@ -604,3 +604,39 @@ def test_trainer_learns_and_saves_modules_that_draft(tmp_path):
     assert loaded.spec == stack.spec
     stored = layouts.tensor_index(tmp_path / "final")[0]
     assert set(stored) == set(layouts.expected_shapes(stack.spec))  # the borrowed embedding and head stay out
+
+
+def test_a_module_step_equals_transformers_own_mtp_layer(tmp_path, setup, normed_stacks):
+    """``MtpStack.step`` (then the module's norm) against transformers' own ``MtpLayer``, which implements
+    DeepSeek-V3's ``eh_proj(cat(enorm(emb), hnorm(h)))`` and, with ``mtp_hidden_states_first``, the reversed order
+    MiMo stores: fed our module's weights (and MiMo's ``input_proj`` as we write it), it computes what ours does."""
+    import copy
+
+    modeling_layers = pytest.importorskip("transformers.modeling_layers")
+    if not hasattr(modeling_layers, "MtpModel"):
+        pytest.skip("the installed transformers has no MTP layers")
+    targets, _, stacks = setup
+    model = copy.deepcopy(targets["hf"].model)
+    model.config.num_mtp_layers = 1
+    if getattr(model.config, "layer_types", None):  # Qwen2 names each layer's attention kind
+        model.config.mtp_layer_types = ["full_attention"]
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (1, 7), generator=generator)
+    hidden = torch.randn(1, 7, model.config.hidden_size, generator=generator)
+    positions = torch.arange(7)[None]
+    for stack, hidden_first in ((stacks[1], False), (normed_stacks[1], True)):
+        model.config.mtp_hidden_states_first = hidden_first
+        theirs = modeling_layers.MtpModel(model, 1).eval()
+        state = {name.replace(".block.", ".mtp_block.").replace(".norm.", ".post_norm."): value
+                 for name, value in stack.state_dict().items()}
+        if hidden_first:  # MiMo's input_proj, exactly as our saver writes it
+            saved = layouts.tensor_index(save_stack(stack, tmp_path / "mimo", target_name="t", layout="mimo"))[1](
+                lambda name: name.endswith("input_proj.weight"))
+            state["layers.0.eh_proj.weight"] = saved["model.mtp_layers.0.input_proj.weight"]
+        missing, unexpected = theirs.load_state_dict(state, strict=False)
+        assert not unexpected and all(name.startswith(("embed_tokens", "shared_head")) for name in missing)
+        with torch.no_grad():
+            embeds = theirs.embed_tokens(tokens)
+            expected = theirs.layers[0](embeds, hidden, theirs.rotary_emb(embeds, positions), None, positions, None)
+            ours = stack.layers[0].norm(stack.step(0, hidden, tokens, positions))
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)

@@ -559,3 +559,36 @@ def test_typing_in_the_example_picker_keeps_the_typed_prompt():
     assert settings.example_prompt("243") == examples.prompt_text("243")
     assert isinstance(settings.example_prompt(None), type(gr.skip()))
     assert isinstance(settings.example_prompt("not an example"), type(gr.skip()))
+
+
+def test_chain_vs_tree_with_dflash_compares_its_block_with_ddtree(tiny_targets, served, tmp_path):
+    """DFlash in Chain vs Tree: the same ``dflash:<folder>`` drafter on both sides drafts its block as a chain on
+    one and DDTree on the other (the sides the tab's run streams, ``compare.side_requests``), both greedy outputs
+    equal to plain decoding; the served tab runs the pair to its verdict."""
+    from test_dflash import fit
+
+    from specviz.drafters.dflash import new_model, save_drafter
+    from specviz.ui import compare
+
+    net = tiny_targets[0].model
+    model = fit(new_model(net, "dflash", mask_token_id=63, seed=1), net)  # partly right: some drafts accepted
+    spec = f"dflash:{save_drafter(model, tmp_path / 'dflash', target_name='tiny')}"
+    sides = compare.side_requests(request(drafter="ngram", k=4, width=3, depth=4, max_nodes=12, max_new_tokens=24),
+                                  spec, spec)
+    records = {name: run_record(Session(), side) for name, side in sides.items()}
+    plain = api.plain_decode(tiny_targets[0], tiny_targets[0].encode_prompt(PROMPT_A, chat=False),
+                             request().config())
+    for name, record in records.items():
+        assert record.finished and record.rounds, name
+        assert record.token_ids == plain.token_ids, name  # greedy: lossless on either side
+        assert record.header["drafter"]["name"].startswith("dflash"), name
+        assert any(r.accepted for r in record.rounds), name
+    chain, tree = records["chain"].rounds, records["tree"].rounds
+    assert all(r.is_chain and "block" in r.meta and "ddtree" not in r.meta for r in chain)
+    assert all(len(r.tokens) <= 4 for r in chain)
+    assert all("ddtree" in r.meta and len(r.tokens) <= 12 for r in tree)
+    assert any(not r.is_chain for r in tree)  # branching: DDTree, not the block's argmax
+    gradio_client, url = served
+    status, verdict, *_ = gradio_client.Client(url, verbose=False).predict(
+        False, compare.SAME, compare.SAME, *settings_args(drafter=spec, max_new_tokens=12), api_name="/compare")
+    assert "Done" in status and "Verdict" in verdict

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from specviz import api, outputs, settings
-from specviz.bench import charts, configs, machine, report, verify_cost
+from specviz.bench import charts, configs, machine, report, runners, verify_cost
 from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, load_prompts, select
 from specviz.bench.suite import run_suite
 from specviz.bench.summary import OVERALL, summarise
@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     drafters, precisions = _precision_drafters(args.drafter_list, args.draft_quant_list, target, values)
     specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults,
                                 draft_vocab=values["draft_vocab"], draft_quants=precisions,
-                                chain_ks=tuple(args.k_list))
+                                chain_ks=tuple(args.k_list),
+                                hf_mtp_layers=runners.transformers_mtp_layers(reference.model) if args.hf else 0)
     for spec in specs:  # the families that do not read draft_quant, and transformers' rows (the draft as loaded)
         if spec.drafter and spec.drafter_key not in drafters:
             drafters[spec.drafter_key] = api.make_drafter(spec.drafter, target,

@@ -2,7 +2,8 @@
 
 Every drafter runs as a chain and as a tree in specviz. Reference rows come from Hugging Face ``generate`` on the
 same target: plain greedy ``generate``, assisted generation with the same draft model (a fixed chain of ``k``, like
-specviz's chain) and prompt lookup (``prompt_lookup_num_tokens = k``, the n-gram drafter's maximum n).
+specviz's chain), prompt lookup (``prompt_lookup_num_tokens = k``, the n-gram drafter's maximum n) and, for a target
+whose checkpoint carries MTP layers transformers can run, its own MTP generation (``use_mtp=True``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class RunSpec:
 
     @property
     def speculative(self) -> bool:
-        return self.drafter is not None
+        return self.drafter is not None or self.shape != PLAIN
 
     @property
     def drafter_key(self) -> str | None:
@@ -61,11 +62,12 @@ def ngram_size(spec: str) -> int:
 def build_specs(
     drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False,
     draft_vocab: int = 0, draft_quants: tuple[str, ...] | Mapping[str, tuple[str, ...]] = ("off",),
-    chain_ks: tuple[int, ...] = (),
+    chain_ks: tuple[int, ...] = (), hf_mtp_layers: int = 0,
 ) -> list[RunSpec]:
     """The rows, in table order: specviz drafter x precision x shape (a chain per k of ``chain_ks``, default the
     budget's), then the Hugging Face references (at the budget's k). ``draft_quants``: the precisions of every family
-    that reads the setting, or per drafter spec (what each built drafter resolved ``auto`` to)."""
+    that reads the setting, or per drafter spec (what each built drafter resolved ``auto`` to). ``hf_mtp_layers``:
+    the target's MTP layers transformers' own MTP generation drafts with (``runners.transformers_mtp_layers``)."""
     chain = replace(budget, tree=False)
     tree = replace(budget, tree=True)
     specs: list[RunSpec] = []
@@ -82,6 +84,11 @@ def build_specs(
     if not hf:
         return specs
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))
+    if hf_mtp_layers:
+        specs.append(RunSpec(
+            f"hf mtp k={hf_mtp_layers}", "hf", None, "chain", None, {"use_mtp": True},
+            note=f"generate(use_mtp=True): the target's own {hf_mtp_layers} MTP layer(s) draft that many tokens a "
+                 f"round"))
     for drafter in drafters:
         family = registry.family_of(drafter).name
         if family == "model":

@@ -106,12 +106,14 @@ def markdown(summary: Summary, meta: dict) -> str:
     calibrated = [n for n in summary.rows[1:] if summary.table[n][OVERALL].confidence_ece is not None]
     if calibrated:
         lines += ["## Confidence calibration (all prompts)", "",
-                  "ECE of the drafter's confidence against the target's verdicts (`FORMULAS[\"calibration\"]`): "
-                  "the confidence the rounds carry (DSpark: the recalibrated ĉ its schedule used) and a confidence "
-                  "head's own.", "",
-                  *_table(["configuration", "ECE of the confidence used", "ECE of the head's own ĉ"],
-                          [[n, _num(summary.table[n][OVERALL].confidence_ece, 3),
-                            _num(summary.table[n][OVERALL].head_ece, 3)] for n in calibrated]), ""]
+                  "ECE and Brier score of the drafter's confidence against the target's verdicts "
+                  "(`FORMULAS[\"calibration\"]`, `FORMULAS[\"brier\"]`): the confidence the rounds carry (DSpark: "
+                  "the recalibrated ĉ its schedule used) and a confidence head's own.", "",
+                  *_table(["configuration", "ECE of the confidence used", "ECE of the head's own ĉ",
+                           "Brier of the confidence used", "Brier of the head's own ĉ"],
+                          [[n, *(_num(getattr(summary.table[n][OVERALL], key), 3)
+                                 for key in ("confidence_ece", "head_ece", "confidence_brier", "head_brier"))]
+                           for n in calibrated]), ""]
     if meta.get("verify_cost"):
         lines += verify_cost_section(meta["verify_cost"])
     slower = [n for n in summary.rows[1:]

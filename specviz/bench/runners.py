@@ -7,16 +7,19 @@ included, after a garbage collection so a pause from a previous run is not charg
 from __future__ import annotations
 
 import gc
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
+from specviz.drafters import checkpoint_files
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import Clock, Generation, GenerationConfig
 from specviz.engine.round import Round
 from specviz.engine.target import Target
+from specviz.errors import SpecvizError
 
 
 @dataclass
@@ -81,6 +84,30 @@ def run_hf(
         wall = clock() - start
     tokens = output[0, len(prompt_ids):].tolist()
     return RunResult(tokens, wall, forwards=None if shared else calls[0])
+
+
+def transformers_mtp_layers(model: torch.nn.Module) -> int:
+    """How many MTP layers ``generate(use_mtp=True)`` drafts with on this target: its config's ``num_mtp_layers``
+    where the installed transformers has MTP generation, the model class names its MTP tensors and the checkpoint
+    holds some (a class default of 1 with no MTP tensors saved would draft with random layers); 0 otherwise."""
+    try:
+        from transformers.modeling_layers import MtpModel
+    except ImportError:  # transformers before its MTP generation
+        return 0
+    config = model.config.get_text_config()
+    layers = getattr(config, "num_mtp_layers", None) or 0
+    source = str(getattr(model.config, "_name_or_path", "") or "")
+    if not layers or not source:
+        return 0
+    try:
+        pattern = MtpModel.get_mtp_weights_regex(model)
+        folder, _ = checkpoint_files.resolve_source(source, "target")
+        names, _ = checkpoint_files.tensor_index(folder, pickles=())
+    except (ValueError, SpecvizError):  # no MTP tensor names for this class, or no safetensors to look in
+        return 0
+    shared = [re.compile(p) for p in getattr(model, "_keys_shared_with_mtp", None) or ()]  # base tensors MTP reads
+    own = [name for name in names if pattern.search(name) and not any(s.search(name) for s in shared)]
+    return int(layers) if own else 0
 
 
 def _sampling_kwargs(config: GenerationConfig) -> dict:

@@ -55,8 +55,8 @@ def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter], ref
         drafter = drafters[spec.drafter_key] if spec.drafter else None
         return lambda ids, config: run_specviz(target, ids, config, drafter, spec.budget if drafter else None)
     target = reference or target
-    if spec.drafter is None:
-        return lambda ids, config: run_hf(target, ids, config)
+    if spec.drafter is None:  # plain generate, or a target drafting for itself (its MTP layers)
+        return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
     assistant = getattr(drafters.get(spec.drafter), "source_model", None)  # a draft LM, untrimmed (--draft-vocab is
     if assistant is not None:                                               # specviz's): assisted generation
         return lambda ids, config: run_hf(target, ids, config, assistant=assistant, assistant_settings=spec.hf_kwargs)

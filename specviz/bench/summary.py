@@ -15,6 +15,7 @@ from specviz.bench.configs import RunSpec
 from specviz.bench.runners import RunResult
 from specviz.bench.suite import PromptRuns, Sample, SuiteResult
 from specviz.engine import metrics
+from specviz.engine.round import Round
 
 OVERALL = "overall"
 PLAIN_ROW = "plain (specviz)"
@@ -29,6 +30,9 @@ FORMULAS = {
     "hf_tau": "Hugging Face rows: τ = new tokens ÷ target forward calls (counted with a hook; the first forward "
     "also does the prefill)",
     "exact": "exact = prompts whose greedy output is token-identical to plain specviz decoding of the same prompt",
+    "brier": "Brier score = mean over the calibration samples (`FORMULAS[\"calibration\"]`, the same pairs as the "
+    "ECE) of (predicted c − realised)², realised = 1 if the node was accepted, else 0; 0 is perfect, 0.25 is a "
+    "constant 0.5",
 }
 
 
@@ -64,6 +68,9 @@ class Stats:
     #: confidence head's own values; None where the drafter sets none
     confidence_ece: float | None = None
     head_ece: float | None = None
+    #: Brier score (``FORMULAS["brier"]``) over the same (predicted, realised) pairs as the ECE beside it
+    confidence_brier: float | None = None
+    head_brier: float | None = None
 
     @property
     def slower_than_plain(self) -> bool:
@@ -128,13 +135,25 @@ def stats_for(samples: Sequence[Sample], greedy: bool) -> Stats:
         draft_ms=measured.draft_ms if measured else None,
         verify_ms=measured.verify_ms if measured else None,
         other_ms=measured.overhead_ms if measured else None,
-        confidence_ece=_ece(metrics.calibration(rounds)),
-        head_ece=_ece(metrics.calibration(rounds, head=True)),
+        **calibration_stats(rounds),
     )
 
 
-def _ece(result: metrics.Calibration) -> float | None:
-    return result.ece if result.samples else None
+def brier(samples: Sequence[tuple[float, bool]]) -> float | None:
+    """Mean of (predicted − realised)² over ``(predicted, accepted)`` pairs (``FORMULAS["brier"]``); None if none."""
+    return sum((p - float(hit)) ** 2 for p, hit in samples) / len(samples) if samples else None
+
+
+def calibration_stats(rounds: Sequence[Round]) -> dict[str, float | None]:
+    """ECE and Brier score of the confidences the rounds carry and of a confidence head's own ĉ, each over the same
+    ``(predicted, accepted)`` pairs (``metrics.confidence_samples`` / ``metrics.head_confidence_samples``); None
+    where the rounds have none."""
+    values: dict[str, float | None] = {}
+    for name, samples_of in (("confidence", metrics.confidence_samples), ("head", metrics.head_confidence_samples)):
+        samples = [sample for round_ in rounds for sample in samples_of(round_)]
+        values[f"{name}_ece"] = metrics.calibration_of(samples).ece if samples else None
+        values[f"{name}_brier"] = brier(samples)
+    return values
 
 
 def plain_stats(prompts: Sequence[PromptRuns], greedy: bool) -> Stats:

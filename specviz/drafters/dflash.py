@@ -320,19 +320,22 @@ def new_model(model: nn.Module, kind: str, *, seed: int | None = None, dtype: to
 def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, layout: str = "specviz",
                  dtype: torch.dtype | None = None) -> Path:
     """Write ``drafter`` as a loadable folder: our layout by default (borrowed tensors recorded, not stored, with the
-    target embedding's fingerprint), or a published layout (``dflash_layouts.DIALECTS``) for interop."""
+    target embedding's fingerprint), or a published layout (``dflash_layouts.DIALECTS``) for interop. A greedy
+    calibration curve the drafter carries (``GREEDY_CALIBRATION_KEY``) is written into config.json in every layout."""
     from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
 
     dtype = dtype or drafter.fc.weight.dtype
     state = {k: v.to(dtype) for k, v in drafter.state_dict().items()}
     embedding = drafter._borrowed["embedding"]
+    curve = getattr(drafter, "greedy_calibration", None)  # kept in every layout (their loaders ignore the key)
+    calibration = {} if curve is None else {GREEDY_CALIBRATION_KEY: curve.to_dict()}
     if layout == "specviz":
         record = {CONFIG_KEY: {"from": target_name, "tensors": ["embedding", "output"],
                                "fingerprint": fingerprint(embedding)}}
-        return layouts.write(Path(folder), drafter.spec, state, layout, extra_config=record)
+        return layouts.write(Path(folder), drafter.spec, state, layout, extra_config={**record, **calibration})
     borrowed = {layouts.EMBEDDING_KEY: embedding.to(dtype),
                 layouts.OUTPUT_KEY: drafter._borrowed["output"].weight.detach().to(dtype)}
-    return layouts.write(Path(folder), drafter.spec, state, layout, borrowed=borrowed)
+    return layouts.write(Path(folder), drafter.spec, state, layout, extra_config=calibration, borrowed=borrowed)
 
 
 #: Our key in a DSpark config.json: the confidence head's ``ReliabilityCurve`` under greedy verification, fitted on

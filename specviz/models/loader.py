@@ -210,7 +210,8 @@ def _load_local_dir(directory: Path, runtime: Runtime, *,
     except Exception as error:  # a user's config.json can fail transformers' checks in many ways
         raise SpecvizError(_remote_code_hint(directory, error)) from None
     _check_causal(config, str(directory))
-    expected, ignored = _expected_shapes(config)
+    forms, ignored = _expected_shapes(config)
+    expected = max(forms, key=lambda form: len(form.keys() & stored.keys()))  # the model's names, or as saved
     check_matches_config(stored, expected, str(directory), may_be_missing=_borrowed_or_tied(config), ignored=ignored)
     try:
         with shared_embedding.quiet_if_shared(config):  # the borrowed tensors are missing on purpose
@@ -230,9 +231,11 @@ def _load_local_dir(directory: Path, runtime: Runtime, *,
     return _finish(model, tokenizer, str(directory), runtime)
 
 
-def _expected_shapes(config) -> tuple[dict[str, list[int]], tuple[str, ...]]:
-    """Name -> shape of every tensor the model ``config`` builds, on the meta device (no memory, no weights), and
-    the patterns of checkpoint tensors its class itself ignores (e.g. rotary ``inv_freq`` buffers older saves hold)."""
+def _expected_shapes(config) -> tuple[list[dict[str, list[int]]], tuple[str, ...]]:
+    """Name -> shape of every tensor the model ``config`` builds, on the meta device (no memory, no weights), in
+    the model's own names and, where transformers converts weights on load (a mixture of experts' per-expert
+    matrices fused into one), as ``save_pretrained`` writes them; and the patterns of checkpoint tensors its class
+    itself ignores (e.g. rotary ``inv_freq`` buffers older saves hold, MTP layers)."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -241,7 +244,15 @@ def _expected_shapes(config) -> tuple[dict[str, list[int]], tuple[str, ...]]:
     except Exception as error:  # odd values can pass the config's own checks and fail here
         raise SpecvizError(f"config.json does not build a model: {_first_line(error)}") from None
     ignored = (*(getattr(skeleton, "_keys_to_ignore_on_load_unexpected", None) or ()), r"rotary_emb\.inv_freq$")
-    return {name: list(tensor.shape) for name, tensor in skeleton.state_dict().items()}, ignored
+    state = skeleton.state_dict()
+    forms = [{name: list(tensor.shape) for name, tensor in state.items()}]
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        saved = {name: list(tensor.shape) for name, tensor in revert_weight_conversion(skeleton, state).items()}
+    except Exception:  # noqa: BLE001 - an older transformers, or a conversion meta tensors cannot run: names only
+        saved = forms[0]
+    return forms + ([saved] if saved != forms[0] else []), ignored
 
 
 #: The input embedding and output layer: with tied embeddings a checkpoint holds either one.

@@ -147,7 +147,8 @@ def _eagle_about(summary: dict, cfg: dict, size_mib: float) -> tuple[str, str]:
              f"runs. `--drafter {summary['kind']}` selects it for {summary['target']}; it drafts EAGLE-2's "
              f"dynamic tree (the default shape), or a chain with `--chain`.")
     vocab = (f"a reduced draft vocabulary of {cfg['draft_vocab_size']} ids (the most frequent tokens of the "
-             f"training answers and of the target's argmaxes there; `d2t` maps them to target ids, and other tokens "
+             f"training sequences (prompts, the target's answers, corpus text) and of the target's argmax at each of "
+             f"their positions; `d2t` maps them to target ids, and other tokens "
              f"get draft probability 0, so verification stays lossless)"
              if cfg["draft_vocab_size"] < cfg["vocab_size"] else "the full vocabulary")
     block = (f"`fc` ({len(layers)}·H → H) over the concatenated features, one decoder layer of the target's shape "

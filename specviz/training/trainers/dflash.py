@@ -48,6 +48,24 @@ def position_gamma(block_size: int) -> float:
     return float(round((block_size + 5) / 3))
 
 
+def position_weights(draft_index: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each draft's loss weight exp(−j / γ) for its 0-based index j (the k-th draft: exp(−(k − 1) / γ)), γ =
+    ``position_gamma(block_size)``."""
+    return torch.exp(-draft_index / position_gamma(block_size))
+
+
+def confidence_target(tv: torch.Tensor) -> torch.Tensor:
+    """What the confidence head learns, per draft: the exact per-step acceptance rate of rejection sampling,
+    1 − ½‖p − q‖₁ (``total_variation``), clamped to [0, 1] and without gradient."""
+    return (1 - tv).detach().clamp(0, 1)
+
+
+def confidence_loss(confidence: torch.Tensor, tv: torch.Tensor) -> torch.Tensor:
+    """Per-draft binary cross-entropy of the confidence head's c (kept within [1e-6, 1 − 1e-6]) against
+    ``confidence_target(tv)``."""
+    return F.binary_cross_entropy(confidence.clamp(1e-6, 1 - 1e-6), confidence_target(tv), reduction="none")
+
+
 class DFlashTrainer(Trainer):
     """``specviz train dflash`` (and, through ``DSparkTrainer``, ``specviz train dspark``)."""
 
@@ -80,7 +98,7 @@ class DFlashTrainer(Trainer):
         out = block_outputs(student, batch, anchors, usable)
         if not len(out.logits):
             raise SpecvizError("a training batch had no trainable draft position")
-        weight = torch.exp(-out.draft_index / position_gamma(student.spec.block_size))
+        weight = position_weights(out.draft_index, student.spec.block_size)
         logq = F.log_softmax(out.logits.float(), dim=-1)
         ce = _mean(_soft_cross_entropy(logq, out.top_ids, out.top_p), weight)
         stats = {"ce": ce.item()}
@@ -96,8 +114,7 @@ class DFlashTrainer(Trainer):
             loss = self.opts["ce_weight"] * ce + self.opts["tv_weight"] * _mean(tv, weight)
             stats["tv"] = _mean(tv, weight).item()
             if out.confidence is not None:
-                predicted = out.confidence.clamp(1e-6, 1 - 1e-6)
-                bce = F.binary_cross_entropy(predicted, (1 - tv).detach().clamp(0, 1), reduction="none")
+                bce = confidence_loss(out.confidence, tv)
                 loss = loss + self.opts["confidence_weight"] * _mean(bce, weight)
                 stats["bce"] = _mean(bce, weight).item()
         stats["loss"] = loss.item()
