@@ -9,6 +9,7 @@ safetensors (single file, sharded index or any ``*.safetensors``); a ``.bin`` / 
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -198,13 +199,44 @@ def tensor_index(folder: Path, pickles: tuple[str, ...] = ("pytorch_model.bin",)
 
 
 def write(folder: Path, config: dict, tensors: dict[str, torch.Tensor], filename: str = "model.safetensors") -> Path:
-    """config.json plus one safetensors file."""
+    """config.json plus one safetensors file, every family's layouts. A target with tied embeddings lends one tensor
+    as both embedding and output layer: each is written as its own copy (safetensors refuses tensors sharing memory).
+    Both files are written beside their final names and moved into place once complete, so a failed write leaves no
+    half-written folder (a folder it created is removed again)."""
     from safetensors.torch import save_file
 
+    tensors = _unshared(tensors)
+    text = json.dumps(config, indent=2) + "\n"
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(folder / filename))
+    finals = (folder / filename, folder / "config.json")
+    partials = [path.with_name(f".{path.name}.partial") for path in finals]
+    try:
+        save_file(tensors, str(partials[0]))
+        partials[1].write_text(text)
+        for partial, final in zip(partials, finals):
+            partial.replace(final)
+    except BaseException:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors, each owning its memory: a tensor whose storage an earlier one already uses
+    (a tied target's embedding and output layer) is copied."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, value in tensors.items():
+        value = value.detach().contiguous().cpu()
+        if value.untyped_storage().data_ptr() in seen:
+            value = value.clone()
+        seen.add(value.untyped_storage().data_ptr())
+        out[name] = value
+    return out
 
 
 def check_source(text: str, what: str) -> str:

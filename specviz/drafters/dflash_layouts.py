@@ -33,13 +33,12 @@ DeepSpec refuses it.
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from specviz.drafters import checkpoint_files
 from specviz.drafters.checkpoint_files import TargetShape, read_config, rope_of, spec_from_dict  # noqa: F401 - re-exported
 from specviz.errors import SpecvizError
 
@@ -343,52 +342,16 @@ def write(folder: Path, spec: BlockSpec, state: dict[str, torch.Tensor], dialect
     """Save ``state`` (our names) in ``dialect``; refuses what the layout cannot express (one line).
 
     ``extra_config`` is merged into config.json (ours: the shared-weights record); ``borrowed`` (``embed_tokens`` /
-    ``lm_head`` copies) is written by the DeepSpec layout, whose loader expects them. A target with tied embeddings
-    lends one tensor as both: each is written as its own copy (safetensors refuses tensors sharing memory). Both
-    files are written beside their final names and moved into place once complete, so a failed write leaves no
-    half-written folder (a folder it created is removed again).
+    ``lm_head`` copies) is written by the DeepSpec layout, whose loader expects them (``checkpoint_files.write`` copies
+    a tied target's one tensor into both).
     """
-    from safetensors.torch import save_file
-
     config = config_for(spec, dialect)
     tensors = dict(state)
     if dialect == "deepspec":
         if not borrowed or set(borrowed) != {EMBEDDING_KEY, OUTPUT_KEY}:
             raise SpecvizError("the deepspec layout stores embed_tokens and lm_head; pass the target's")
         tensors.update(borrowed)
-    tensors = _unshared(tensors)
-    text = json.dumps({**config, **(extra_config or {})}, indent=2) + "\n"
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    finals = (folder / "model.safetensors", folder / "config.json")
-    partials = [path.with_name(f".{path.name}.partial") for path in finals]
-    try:
-        save_file(tensors, str(partials[0]))
-        partials[1].write_text(text)
-        for partial, final in zip(partials, finals):
-            partial.replace(final)
-    except BaseException:
-        for partial in partials:
-            partial.unlink(missing_ok=True)
-        if created:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return folder
-
-
-def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Detached, contiguous CPU tensors, each owning its memory: a tensor whose storage an earlier one already uses
-    (a tied target's embedding and output layer) is copied."""
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, value in tensors.items():
-        value = value.detach().contiguous().cpu()
-        pointer = value.untyped_storage().data_ptr()
-        if pointer in seen:
-            value = value.clone()
-        seen.add(value.untyped_storage().data_ptr())
-        out[name] = value
-    return out
+    return checkpoint_files.write(folder, {**config, **(extra_config or {})}, tensors)
 
 
 def config_for(spec: BlockSpec, dialect: str) -> dict:

@@ -36,12 +36,12 @@ decoder layer i - 1, L = after the final norm). Sources differ, and this is wher
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from specviz.drafters import checkpoint_files
 from specviz.drafters.checkpoint_files import (  # noqa: F401 - read_* and rope_of re-exported
     TargetShape,
     read_config,
@@ -387,8 +387,6 @@ def write(folder: Path, spec: HeadSpec, state: dict[str, torch.Tensor], dialect:
     ``extra_config`` is merged into config.json (our format: the shared-weights record); ``embedding`` is written as
     ``embed_tokens.weight`` in the published layouts (their loaders expect it, and ours checks it is the target's).
     """
-    from safetensors.torch import save_file
-
     if dialect not in DIALECTS:
         raise SpecvizError(f"unknown layout {dialect!r}; known: {', '.join(DIALECTS)}")
     config, prefix = _config_for(spec, dialect), _layer_prefix(dialect, {"midlayer."})
@@ -406,10 +404,7 @@ def write(folder: Path, spec: HeadSpec, state: dict[str, torch.Tensor], dialect:
             tensors["t2d"] = t2d
         if embedding is not None:
             tensors[EMBEDDING_KEY] = embedding.detach().contiguous().cpu()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({**config, **(extra_config or {})}, indent=2) + "\n")
-    save_file(tensors, str(folder / "model.safetensors"))
-    return folder
+    return checkpoint_files.write(folder, {**config, **(extra_config or {})}, tensors)
 
 
 def _config_for(spec: HeadSpec, dialect: str) -> dict:
