@@ -35,7 +35,7 @@ if ON_CPU:
     KERNELS = ["math", "torch_cpu_flash"]
 else:
     KERNELS = ["math", "torch_efficient", "torch_flash", *(["flash_attn"] if device.flash_attn_available() else [])]
-TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-4}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
+TOLERANCE = tiny.TOLERANCE
 LOGIT_TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-4}, torch.bfloat16: {"atol": 5e-2, "rtol": 5e-2}}
 
 
@@ -186,7 +186,11 @@ def test_verify_rounds_with_rejections_and_rollback(arch, forward, dtype):
             context += [tree.tokens[i] for i in path] + [int(logits["sdpa"][len(path)].argmax())]
     finally:
         cascade_attention.cascade = real
-    assert len(calls) >= 8 * 2  # every verify forward, both layers
+    # every tree forward, both layers; chains too, unless the prefix kernel takes them in one call (torch's CUDA
+    # kernels with the bottom-right causal mask, or the flash-attn package)
+    kernel = cascade_attention.kernel_for(torch.device(tiny.DEVICE), dtype)
+    chains_direct = kernel in cascade_attention.CHAIN_DIRECT or kernel == "flash_attn"
+    assert len(calls) == 2 * (4 if chains_direct else 8)
     assert all(cache.get_seq_length() == len(context) - 1 for cache in caches.values())
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specviz import cli
-from specviz.bench import attention_cost, gpu_check, gpu_report, gpu_setup, pytest_runs
+from specviz.bench import attention_cost, gpu_check, gpu_report, gpu_setup, near_ties, pytest_runs, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +109,53 @@ def test_junit_counts_and_present_packages(tmp_path):
     plan = gpu_check.full_plan()  # the real run's sizes: 1..64 tokens, a 2k-token context, both dtypes' tests
     assert max(plan.widths) == 64 and 1 in plan.widths and max(plan.contexts) >= 2048
     assert {"SPECVIZ_TEST_DEVICE"} <= set(plan.tests[1].env) and "flash_attn" in plan.install
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--steps", "tests,bogus"], "--steps: unknown step(s) bogus"),
+    (["--steps", ","], "--steps: unknown step(s) (none given)"),
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--budget-s", "5"], "--budget-s must be between 10 and 3600"),
+    (["--drafters", " , "], "--drafters names no drafter spec"),
+    (["--shape-config", "no/such/config.json"], "--shape-config: no file at"),
+])
+def test_bad_arguments_are_one_line(arguments, message, tmp_path, capsys):
+    assert cli.main(["gpu-check", "--dry-run", "--out", str(tmp_path / "out"), *arguments]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_chosen_steps_drafters_and_a_shape_only_cost_curve(tmp_path):
+    """The split a lent machine runs (tools/gpu/phase.sh): only the steps asked for, the speedup only for the
+    drafters named, and verify cost on random weights of a config's shape (no checkpoint needed)."""
+    from transformers import LlamaConfig
+
+    shape = tmp_path / "shape"
+    LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, architectures=["LlamaForCausalLM"]).save_pretrained(shape)
+    out = tmp_path / "out"
+    assert cli.main(["gpu-check", "--dry-run", "--steps", "verify_cost,speedup", "--drafters", "ngram",
+                     "--shape-config", str(shape / "config.json"), "--out", str(out)]) == 0
+    report = json.loads((out / "gpu-check.json").read_text())
+    statuses = {name: step["status"] for name, step in report["steps"].items()}
+    assert statuses == {"install": "not run", "tests": "not run", "verify_cost": "ok", "speedup": "ok",
+                        "near_ties": "not run"}
+    cost = report["steps"]["verify_cost"]
+    assert cost["model"].endswith("(random weights)") and cost["rows"]
+    assert {r["drafter"] for r in report["steps"]["speedup"]["rows"]} == {None, "ngram"}
+    assert report["steps"]["speedup"]["divergences"] == []  # float32 greedy: identical, nothing to explain
+    assert "| tests | not run | 0.0 | not in --steps |" in (out / "gpu-check.md").read_text()
+
+
+def test_divergence_names_the_first_differing_token_and_its_margin():
+    target = tiny_target.target("cpu", torch.float32, "sdpa")
+    prompt = [3, 5, 7]
+    logits = near_ties.next_logits(target, prompt)
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    assert near_ties.divergence(target, prompt, [best, 4], [best, 4]) is None
+    parted = near_ties.divergence(target, prompt, [best, 4], [worst, 4])
+    assert parted["position"] == 0 and (parted["reference_token"], parted["other_token"]) == (best, worst)
+    assert parted["gap"] == pytest.approx(float(logits[best] - logits[worst]), abs=1e-5) and parted["gap"] > 0
+    top = torch.topk(logits, 2).values
+    assert parted["margin"] == pytest.approx(float(top[0] - top[1]), abs=1e-5)
+    assert near_ties.divergence(target, prompt, [best, 4], [best])["position"] == 1  # a shorter output parts too

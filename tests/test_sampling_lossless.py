@@ -160,6 +160,8 @@ def test_engine_sampling_matches_target(budget, stochastic, draft_vocab, draft_q
     which the lean forward runs). ``target_forward="fast"`` verifies through the packed-kernel path and its
     preallocated cache; the exact distribution is still transformers' own forward's.
     """
+    if draft_quant != "off" and (tiny.DEVICE != "cpu" or tiny.DTYPE != torch.float32):
+        pytest.skip("int8 draft weights take a float32 draft on the CPU (elsewhere refused in one line)")
     target = tiny.target("llama", V, forward=target_forward, layers=2, seed=0, scale=15)
     exact = Table(tiny.model("llama", V, layers=2, seed=0, scale=15)).joint()
     arch = "llama" if draft_quant != "off" else "qwen2"

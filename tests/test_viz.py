@@ -502,6 +502,20 @@ def test_run_label_says_how_an_mtp_drafter_was_trained():
     assert "trained" not in panels.run_label(rec)
 
 
+def test_run_label_names_the_attention_kernel_that_ran():
+    """The trace header's attention object reaches the run line; older traces without it show nothing extra."""
+    import torch
+
+    from specviz.models import cascade_attention
+
+    rec = record_of([make_round([-1], [0])])
+    assert "attention" not in panels.run_label(rec)
+    rec.header["attention"] = cascade_attention.describe("cpu", torch.float32)
+    assert "attention specviz_cascade (torch_cpu_flash prefix kernel)" in panels.run_label(rec)
+    rec.header["attention"] = {"implementation": "sdpa", "chain": "sdpa (causal mask)", "tree": "sdpa (4D tree mask)"}
+    assert panels.run_label(rec).endswith("attention sdpa")
+
+
 def test_run_label_says_how_mtp_modules_map_to_depths():
     """One shipped module labels every node "module 1": the line says it is reused, so that reads as intended."""
     rec = record_of([make_round([-1], [0])])

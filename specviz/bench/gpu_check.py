@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -53,19 +53,24 @@ class Plan:
     flip_tokens: int
     budget: dict = field(default_factory=dict)
     time_budget_s: float = 570.0
+    steps: tuple[str, ...] = gpu_report.STEPS
+    drafters: tuple[str, ...] | None = None  # None: every spec ready for the default target
+    shape_config: Path | None = None  # verify cost on a random model of this config.json's shape (no weights)
 
 
-def full_plan() -> Plan:
+def full_plan(workers: int = 1) -> Plan:
     lossless = ("test_greedy_lossless.py", "test_sampling_lossless.py")
     return Plan(
         device="cuda", dry_run=False, install=tuple(gpu_setup.PACKAGES),
         tests=(TestRun("cascade-maths-cuda", ("test_cascade_attention.py",), CUDA_ENV, timeout_s=120,
-                       note="cascade vs masked SDPA on CUDA, every kernel there, fp32 and bf16"),
+                       note="cascade vs masked SDPA on CUDA, every kernel there, fp32 and bf16", workers=workers),
                TestRun("lossless-cuda-cascade-fp32", lossless, {**CUDA_ENV, **CASCADE_ENV}, timeout_s=270,
-                       note="greedy identity and sampled distributions, cascade verification, fp32"),
+                       note="greedy identity and sampled distributions, cascade verification, fp32",
+                       workers=workers),
                TestRun("greedy-cuda-cascade-bf16", ("test_greedy_lossless.py",),
                        {**CUDA_ENV, **CASCADE_ENV, "SPECVIZ_TEST_DTYPE": "bfloat16"}, timeout_s=120,
-                       note="bf16: a failure can be a near tie that a wider verify forward rounds the other way")),
+                       note="bf16: a failure can be a near tie that a wider verify forward rounds the other way",
+                       workers=workers)),
         contexts=(256, 2048), widths=tuple(widths_up_to(64)), repeats=5, new_tokens=64, prompts=3,
         flip_prompts=6, flip_tokens=64, budget={"k": 4, "width": 3, "depth": 4, "max_nodes": 16})
 
@@ -88,10 +93,47 @@ def add_parser(subparsers) -> None:
                     "sizes and writes the same report format.")
     parser.add_argument("--out", default="gpu-check", help="output folder for gpu-check.json and gpu-check.md")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny in-process model, small sizes")
+    parser.add_argument("--steps", default=",".join(gpu_report.STEPS),
+                        help="comma-separated steps to run, in their fixed order (default: all: "
+                             f"{','.join(gpu_report.STEPS)}); a lent machine with no package index skips install")
+    parser.add_argument("--drafters", help="comma-separated drafter specs for the speedup step (default: every "
+                                           "spec ready for the default target)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="pytest processes per test run (pytest-xdist, where installed; default 1)")
+    parser.add_argument("--budget-s", type=float, help="time budget of the whole check in seconds (default 570)")
+    parser.add_argument("--shape-config", help="measure verify cost on a randomly initialised model built from "
+                                               "this config.json (the cost does not depend on the weights) instead "
+                                               "of loading the default target")
+
+
+def plan_for(args: argparse.Namespace) -> Plan:
+    """The plan the arguments ask for; each bad argument is one line."""
+    steps = tuple(name.strip() for name in args.steps.split(",") if name.strip())
+    unknown = [name for name in steps if name not in gpu_report.STEPS]
+    if unknown or not steps:
+        raise SpecvizError(f"--steps: unknown step(s) {', '.join(unknown) or '(none given)'}; choose from "
+                           f"{', '.join(gpu_report.STEPS)}")
+    if args.workers < 1:
+        raise SpecvizError(f"--workers must be at least 1, got {args.workers}")
+    if args.budget_s is not None and not 10 <= args.budget_s <= 3600:
+        raise SpecvizError(f"--budget-s must be between 10 and 3600 seconds, got {args.budget_s}")
+    drafters = None
+    if args.drafters is not None:
+        drafters = tuple(spec.strip() for spec in args.drafters.split(",") if spec.strip())
+        if not drafters:
+            raise SpecvizError("--drafters names no drafter spec")
+    shape_config = None
+    if args.shape_config is not None:
+        shape_config = Path(args.shape_config)
+        if not shape_config.is_file():
+            raise SpecvizError(f"--shape-config: no file at {shape_config}")
+    plan = dry_plan() if args.dry_run else full_plan(args.workers)
+    return replace(plan, steps=tuple(name for name in gpu_report.STEPS if name in steps), drafters=drafters,
+                   shape_config=shape_config, time_budget_s=args.budget_s or plan.time_budget_s)
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = dry_plan() if args.dry_run else full_plan()
+    plan = plan_for(args)
     if not plan.dry_run and not torch.cuda.is_available():
         raise SpecvizError("gpu-check needs a CUDA device (torch.cuda.is_available() is False); run with --dry-run "
                            "to check the steps on the CPU")
@@ -127,11 +169,19 @@ def check(plan: Plan, out: Path, log: Callable[[str], None] = lambda line: None)
         steps[name]["seconds"] = round(time.perf_counter() - t0, 1)
         log(f"gpu-check: {name} {steps[name]['status']} in {steps[name]['seconds']} s")
 
-    step("install", 0, lambda left: _install(plan))
-    step("tests", 60 if not plan.dry_run else 0, lambda left: _tests(plan, out, left - 200))
-    step("verify_cost", 30, lambda left: _verify_cost(plan))
-    step("speedup", 60 if not plan.dry_run else 0, lambda left: _speedup(plan))
-    step("near_ties", 20 if not plan.dry_run else 0, lambda left: _near_ties(plan))
+    bodies: dict[str, tuple[float, Callable[[float], dict]]] = {
+        "install": (0, lambda left: _install(plan)),
+        "tests": (60, lambda left: _tests(plan, out, left - (200 if len(plan.steps) > 1 else 10))),
+        "verify_cost": (30, lambda left: _verify_cost(plan)),
+        "speedup": (60, lambda left: _speedup(plan)),
+        "near_ties": (20, lambda left: _near_ties(plan)),
+    }
+    for name in gpu_report.STEPS:
+        if name not in plan.steps:
+            steps[name] = {"status": "not run", "seconds": 0.0, "error": "not in --steps"}
+            continue
+        minimum_s, body = bodies[name]
+        step(name, 0 if plan.dry_run and name != "verify_cost" else minimum_s, body)
     tests = steps["tests"].get("runs", [])
     ok = all(s["status"] != "failed" for s in steps.values()) and all(
         r["status"] == "passed" for r in tests if not r["name"].endswith("bf16"))
@@ -173,20 +223,20 @@ def _tests(plan: Plan, out: Path, seconds: float) -> dict:
             runs.append({"name": spec.name, "status": "skipped", "note": "time budget", "env": spec.env,
                          "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": [], "seconds": 0.0})
             continue
-        runs.append(pytest_runs.run(TestRun(spec.name, spec.targets, spec.env, spec.select,
-                                            min(spec.timeout_s, left), spec.note), out))
+        runs.append(pytest_runs.run(replace(spec, timeout_s=min(spec.timeout_s, left)), out))
     return {"runs": runs}
 
 
 def _verify_cost(plan: Plan) -> dict:
     rows = []
     for dtype in DTYPES:
-        target = _target(plan, dtype)
+        target = _shape_target(plan, dtype) if plan.shape_config else _target(plan, dtype)
         for length in plan.contexts:
             context = [(7 + 31 * i) % target.vocab_size for i in range(length)]  # any ids: the cost ignores text
             for row in attention_cost.measure(target, context, list(plan.widths), repeats=plan.repeats):
                 rows.append({"dtype": _name(dtype), **row})
-    return {"rows": rows, "widths": list(plan.widths), "contexts": list(plan.contexts)}
+    return {"rows": rows, "widths": list(plan.widths), "contexts": list(plan.contexts),
+            "model": str(plan.shape_config) + " (random weights)" if plan.shape_config else "the default target"}
 
 
 def _speedup(plan: Plan) -> dict:
@@ -200,13 +250,14 @@ def _speedup(plan: Plan) -> dict:
     from specviz.engine.loop import GenerationConfig
 
     values = settings.validate({**plan.budget, "device": plan.device})
-    budget, rows, problems = api.budget_for(values), [], []
+    budget, rows, problems, divergences = api.budget_for(values), [], [], []
     every = load_prompts(DEFAULT_PROMPTS)
     prompts = select(every, [c for c in QUICK_CATEGORIES if c in categories_of(every)] or None, 1)[: plan.prompts]
     for dtype in DTYPES:
         target = _target(plan, dtype)
         drafters = {}
-        specs = ["ngram", "model:tiny-draft"] if plan.dry_run else registry.default_specs(values["target"])
+        specs = list(plan.drafters or (["ngram", "model:tiny-draft"] if plan.dry_run
+                                       else registry.default_specs(values["target"])))
         for spec in specs:
             try:
                 drafters[spec] = (_tiny_drafter(target) if spec == "model:tiny-draft"
@@ -217,6 +268,13 @@ def _speedup(plan: Plan) -> dict:
         config = GenerationConfig(max_new_tokens=plan.new_tokens)
         suite = run_suite(target, prompts, run_specs, drafters, config, chat=not plan.dry_run)
         summary = summarise(suite, greedy=True)
+        encoded = {p.question_id: target.encode_prompt(p.text, chat=not plan.dry_run) for p in prompts}
+        for sample in suite.samples:  # greedy outputs that part from plain decoding: where, and by what margin
+            parted = near_ties.divergence(target, encoded[sample.prompt.question_id], sample.reference,
+                                          sample.result.token_ids)
+            if parted is not None:
+                divergences.append({"dtype": _name(dtype), "row": sample.spec, "prompt": sample.prompt.question_id,
+                                    **parted})
         for name in summary.rows:
             stats = summary.table[name][OVERALL]
             spec = summary.specs.get(name)
@@ -225,7 +283,8 @@ def _speedup(plan: Plan) -> dict:
                          "tokens_per_s": stats.tokens_per_s.median if stats.tokens_per_s else None,
                          "speedup": None if name == PLAIN_ROW or not stats.speedup else stats.speedup.median,
                          "tau": stats.tau, "exact": stats.exact})
-    return {"rows": rows, "problems": problems, "budget": budget.to_dict(), "new_tokens": plan.new_tokens,
+    return {"rows": rows, "problems": problems, "divergences": divergences, "budget": budget.to_dict(),
+            "new_tokens": plan.new_tokens,
             "prompts": [p.question_id for p in prompts]}
 
 
@@ -268,6 +327,26 @@ def _target(plan: Plan, dtype: torch.dtype):
     from specviz.models.registry import DEFAULT_TARGET
 
     return api.load_target(DEFAULT_TARGET, target_forward="hf", device=plan.device, dtype=dtype)
+
+
+def _shape_target(plan: Plan, dtype: torch.dtype):
+    """A randomly initialised causal LM of ``plan.shape_config``'s shape on the plan's device: what a verify forward
+    costs does not depend on the weights, so the cost curve needs no checkpoint."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specviz.engine.target import Target
+
+    attention = devices.choose_attn_implementation(plan.device, dtype)
+    if attention == CASCADE:
+        from specviz.models import cascade_attention
+
+        cascade_attention.register()
+    config = AutoConfig.from_pretrained(plan.shape_config.parent if plan.shape_config.name == "config.json"
+                                        else plan.shape_config, attn_implementation=attention)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(device=plan.device, dtype=dtype).eval().requires_grad_(False)
+    return Target(model=model, tokenizer=tiny_target.tokenizer(), name=f"{config.model_type} shape (random weights)",
+                  source=str(plan.shape_config))
 
 
 def _tiny_drafter(target):

@@ -40,7 +40,7 @@ def markdown(report: dict) -> str:
               f"- result: {'ok' if report['ok'] else 'FAILED'} in {report['wall_s']} s", "",
               "| step | status | seconds | note |", "|---|---|---|---|"]
     for name in STEPS:
-        step = steps.get(name, {"status": "missing"})
+        step = steps.get(name, {"status": "missing"})  # an older report without the step
         lines.append(f"| {name} | {step['status']} | {step.get('seconds', '')} | {_cell(step.get('error', ''))} |")
     lines += _install(steps.get("install", {})) + _tests(steps.get("tests", {})) + \
         _verify_cost(steps.get("verify_cost", {}), report.get("targets", {})) + \
@@ -105,6 +105,15 @@ def _speedup(step: dict) -> list[str]:
                   "| dtype | configuration | tokens/s | speedup | tau | exact |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['dtype']} | {r['row']} | {_num(r['tokens_per_s'])} | {_num(r['speedup'])} | "
                   f"{_num(r['tau'])} | {r['exact']}/{r['prompts']} |" for r in rows]
+    parted = step.get("divergences") or []
+    if parted:
+        lines += ["", "Greedy outputs that part from plain decoding in the same dtype: the first differing token, the "
+                  "top-two logit margin of the plain run's target there and the logit gap between the two tokens "
+                  "(a gap near zero: a near tie that a wider verify forward rounded the other way; a large gap: a "
+                  "bug).", "", "| dtype | configuration | prompt | position | plain token | its token | margin | "
+                  "gap |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {d['dtype']} | {d['row']} | {d['prompt']} | {d['position']} | {d['reference_token']} | "
+                  f"{d['other_token']} | {_num(d['margin'])} | {_num(d['gap'])} |" for d in parted]
     problems = step.get("problems") or []
     if problems:
         lines.append("")

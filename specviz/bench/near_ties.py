@@ -25,23 +25,37 @@ def compare(reference: Target, other: Target, prompts: list[list[int]], new_toke
     for index, ids in enumerate(prompts):
         ours = plain_decode(reference, ids, config).token_ids
         theirs = plain_decode(other, ids, config).token_ids
-        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-        if first is None and len(ours) != len(theirs):
-            first = min(len(ours), len(theirs))
-        row = {"prompt": index, "identical": first is None, "first_difference": first, "reference_token": None,
+        parted = divergence(reference, ids, ours, theirs)
+        row = {"prompt": index, "identical": parted is None, "first_difference": None, "reference_token": None,
                "other_token": None, "reference_margin": None}
-        if first is not None:
-            row.update(reference_token=ours[first] if first < len(ours) else None,
-                       other_token=theirs[first] if first < len(theirs) else None,
-                       reference_margin=round(margin(reference, ids + ours[:first]), 6))
+        if parted is not None:
+            row.update(first_difference=parted["position"], reference_token=parted["reference_token"],
+                       other_token=parted["other_token"], reference_margin=parted["margin"])
         rows.append(row)
     return {"prompts": len(prompts), "tokens": new_tokens, "flips": sum(not r["identical"] for r in rows),
             "rows": rows}
 
 
+def divergence(target: Target, prompt_ids: list[int], reference: list[int], other: list[int]) -> dict | None:
+    """Where ``other`` first parts from ``reference`` (greedy outputs after ``prompt_ids``), with ``target``'s
+    top-two logit margin there and its logit gap between the two tokens (``gap``: reference's logit minus
+    other's); None when they are identical. A gap near zero says a near tie flipped, a large one a bug."""
+    first = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
+    if first is None and len(reference) == len(other):
+        return None
+    if first is None:
+        first = min(len(reference), len(other))
+    ours = reference[first] if first < len(reference) else None
+    theirs = other[first] if first < len(other) else None
+    logits = next_logits(target, prompt_ids + reference[:first])
+    top = torch.topk(logits, 2).values
+    gap = None if ours is None or theirs is None else round(float(logits[ours] - logits[theirs]), 6)
+    return {"position": first, "reference_token": ours, "other_token": theirs,
+            "margin": round(float(top[0] - top[1]), 6), "gap": gap}
+
+
 @torch.inference_mode()
-def margin(target: Target, ids: list[int]) -> float:
-    """The gap between the best and second-best next-token logits after ``ids``."""
+def next_logits(target: Target, ids: list[int]) -> torch.Tensor:
+    """The next-token logits after ``ids``, as float32 on the CPU."""
     logits = target.model(input_ids=torch.tensor([ids], device=target.device), logits_to_keep=1).logits[0, -1]
-    top = torch.topk(logits.float(), 2).values
-    return float(top[0] - top[1])
+    return logits.float().cpu()

@@ -7,6 +7,7 @@ on a GPU with the cascade kernels. Counts come from pytest's JUnit XML file, not
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ class TestRun:
     select: str | None = None
     timeout_s: float = 240.0
     note: str = ""
+    workers: int = 1  # > 1: that many pytest processes (pytest-xdist), where it is installed
 
 
 def run(spec: TestRun, out: Path) -> dict:
@@ -43,6 +45,8 @@ def run(spec: TestRun, out: Path) -> dict:
                *(str(TESTS / target) for target in spec.targets)]
     if spec.select:
         command += ["-k", spec.select]
+    if spec.workers > 1 and importlib.util.find_spec("xdist") is not None:
+        command += ["-n", str(spec.workers)]
     started = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=TESTS.parent, env={**os.environ, **spec.env}, capture_output=True,

@@ -127,8 +127,9 @@ def run_label(record: RunRecord) -> str:
                                         record.drafter_precision, record.drafter_schedule) if note)
     reads = f" ({notes})" if notes else ""
     fallback = f" · {record.run_note}" if record.run_note else ""
+    attention = f" · {record.attention_text}" if record.attention_text else ""
     return (f"{origin} · target {record.target_name} · drafter {record.drafter_name}{reads} · {record.budget_text} · "
-            f"{sampling} · seed {config.get('seed')}{fallback}")
+            f"{sampling} · seed {config.get('seed')}{attention}{fallback}")
 
 
 def compare_stats_html(record: RunRecord | None) -> str:

@@ -111,6 +111,17 @@ class RunRecord:
         return f"{quant} draft weights" if isinstance(quant, str) and quant else ""
 
     @property
+    def attention_text(self) -> str:
+        """The attention kernel the target's forwards ran, from the trace header ("" for traces written before it
+        was recorded): on a GPU, the cascade and its prefix kernel; elsewhere SDPA with the tree mask."""
+        attention = self.header.get("attention")
+        name = attention.get("implementation") if isinstance(attention, dict) else None
+        if not isinstance(name, str) or not name:
+            return ""
+        kernel = attention.get("prefix_kernel")
+        return f"attention {name}" + (f" ({kernel} prefix kernel)" if isinstance(kernel, str) and kernel else "")
+
+    @property
     def run_note(self) -> str:
         """A note on how the run ran that its reader must see (a ZeroGPU run that fell back to the CPU)."""
         note = self.header.get("note")
