@@ -19,6 +19,7 @@ from typing import Any
 from specviz import settings
 from specviz.drafters import registry
 from specviz.engine import attention, metrics, trace
+from specviz.engine.baseline import InterleavedBaseline
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
@@ -33,6 +34,7 @@ __all__ = [
     "Drafter",
     "Generation",
     "GenerationConfig",
+    "InterleavedBaseline",
     "SamplingConfig",
     "Target",
     "budget_for",

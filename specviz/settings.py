@@ -17,6 +17,7 @@ shape (``--k 4`` alone) asks for a chain (``from_args``). A leaf module: it impo
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
@@ -35,8 +36,9 @@ class Setting:
 
     A ``bool`` setting's ``flags`` set it to True and ``off_flags`` to False. ``low``/``high`` bound numbers
     (``open_low``/``open_high`` exclude the bound; ``high=None`` is unbounded); ``choices`` restrict strings.
-    ``ui`` is the widget kind (``None``: not in the UI); ``ui_low``/``ui_high`` narrow the widget's range and are
-    enforced in the UI; ``ui_options`` label a bool's two values on a radio; ``ui_id`` is the element id.
+    ``ui`` is the widget kind (``None``: not in the UI); ``ui_low``/``ui_high`` narrow the range the UI accepts (a
+    value outside it is an error there, never clamped); ``ui_step`` is a number box's arrow step; ``ui_options``
+    label a bool's two values on a radio; ``ui_id`` is the element id.
     ``emit``: when the benchmark's reproducible command line writes it (``always``, or only when ``changed``).
     """
 
@@ -56,7 +58,7 @@ class Setting:
     optional: bool = False  # None is a valid value (meaning: let the program choose)
     drafter_only: bool = False  # read only by the drafter families that list it in their ``reads``
     why: str = ""  # why this default, when it was chosen by measurement
-    ui: str | None = "auto"  # "slider", "number", "checkbox", "radio", "dropdown"; None = not in the UI
+    ui: str | None = "auto"  # "number", "checkbox", "radio", "dropdown"; None = not in the UI
     ui_low: float | None = None
     ui_high: float | None = None
     ui_step: float | None = None
@@ -77,22 +79,24 @@ class Setting:
 
     @property
     def widget(self) -> str | None:
+        """The widget kind. A number is a number box, never a slider: Gradio's slider clamps a typed value into its
+        range in the browser (k = 0 ran as k = 1), so the check never saw what the user typed."""
         if self.ui != "auto":
             return self.ui
         if self.type is bool:
             return "radio" if self.ui_options else "checkbox"
         if self.choices:
             return "radio"
-        return "slider"
+        return "number"
 
     @property
     def ui_range(self) -> tuple[float | None, float | None]:
-        """The widget's range: the declared bounds, narrowed where the declaration says so for the UI."""
+        """The range the UI accepts: the declared bounds, narrowed where the declaration says so for the UI."""
         return (self.low if self.ui_low is None else self.ui_low, self.high if self.ui_high is None else self.ui_high)
 
     def open_ends(self, low: float | None, high: float | None) -> tuple[bool, bool]:
         """Whether ``low`` / ``high`` are excluded: only the declared bounds can be open (the UI's narrower bounds,
-        such as top-p's 0.05, are values the widget offers)."""
+        such as top-p's 0.05, are values the UI accepts)."""
         return self.open_low and low == self.low, self.open_high and high == self.high
 
     def describe_bounds(self, low: float | None, high: float | None) -> str:
@@ -152,8 +156,9 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("top_p", float, 1.0, "nucleus sampling: keep the smallest set of tokens with this much probability",
              "top-p", low=0.0, high=1.0, open_low=True, ui_low=0.05, ui_step=0.05, ui_row="sampling"),
     _setting("top_k", int, 0, "keep only the k most likely tokens (0 = off)", "top-k", low=0, ui=None),
+    # the browser holds a number box's value as a double: above 2**53 - 1 a typed seed would arrive rounded
     _setting("seed", int, 0, "random seed of the sampler and of sampled drafts", "seed", low=0, high=2**63 - 1,
-             ui="number", ui_row="length"),
+             ui_high=2**53 - 1, ui_row="length"),
     _setting("max_new_tokens", int, 128, "tokens to generate", "max new tokens", low=1, high=4096, ui_high=512,
              ui_row="length", emit="always"),
     # ---- read by draft models only ---------------------------------------------------------------------------
@@ -167,7 +172,7 @@ SETTINGS: tuple[Setting, ...] = (
              low=0.0, high=1.0, open_high=True, ui_high=0.95, ui_step=0.05, drafter_only=True),
     _setting("draft_vocab", int, 0,
              "draft from the first N token ids only, with the output layer cut to those rows (the frequent ones; "
-             "0 = the whole vocabulary)", "draft vocabulary (first N token ids)", low=0, high=1 << 20, ui="number",
+             "0 = the whole vocabulary)", "draft vocabulary (first N token ids)", low=0, high=1 << 20,
              drafter_only=True),
     _setting("draft_quant", str, "auto",
              "draft weights: int8 (a draft model's projections, a head's or block drafter's output layer and, "
@@ -200,7 +205,8 @@ def defaults() -> dict[str, Any]:
 # ---- validation (the one place a user's value is checked) ---------------------------------------------------------
 def check(setting: Setting | str, value, *, ui: bool = False):
     """``value`` converted to the setting's type when it is one (4.0 -> 4 for an integer); a one-line
-    ``SpecvizError`` otherwise. ``ui=True`` applies the UI's narrower range where the declaration gives one."""
+    ``SpecvizError`` naming the setting and its range otherwise: nothing is clamped or rounded (2.5 is no integer,
+    NaN and inf are no numbers). ``ui=True`` applies the UI's narrower range where the declaration gives one."""
     setting = setting if isinstance(setting, Setting) else get(setting)
     if value is None and setting.optional:
         return None
@@ -219,11 +225,12 @@ def check(setting: Setting | str, value, *, ui: bool = False):
         return value
     low, high = setting.ui_range if ui else (setting.low, setting.high)
     where = " here" if ui and (low, high) != (setting.low, setting.high) else ""
-    if value is None:
-        raise SpecvizError(f"{setting.cli_name} is empty: give {setting.describe_bounds(low, high)}{where}")
+    if value is None:  # a cleared number box, or one the browser could not read as a number (text, 1e400)
+        raise SpecvizError(f"{setting.cli_name} is empty or not a number: give "
+                           f"{setting.describe_bounds(low, high)}{where}")
     wrong = SpecvizError(f"{setting.cli_name} must be {setting.describe_bounds(low, high)}{where}, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float) and
-                                                                         math.isnan(value)):
+                                                                         not math.isfinite(value)):
         raise wrong
     if setting.type is int:
         if isinstance(value, float) and not value.is_integer():
@@ -308,12 +315,17 @@ def validate(values: Mapping[str, Any] | None = None, *, ui: bool = False) -> Va
 
 
 def _number(setting: Setting, text: str):
-    """``text`` as the setting's number type when it reads as one (else unchanged, for ``check`` to reject)."""
-    if setting.type in (int, float):
+    """``text`` as a number when it reads as a finite one (``4``, ``4.0``, ``2.5``; else unchanged, so a message
+    quotes ``'1e400'`` as typed): ``check`` then refuses what the setting does not take, in its own words, with its
+    range (argparse's "invalid int value" gave neither, and ``int()`` would not say that 2.5 is no integer)."""
+    if setting.type not in (int, float) or not isinstance(text, str):
+        return text
+    for kind in (setting.type, float):
         try:
-            return setting.type(text)
+            value = kind(text)
         except ValueError:
-            return text
+            continue
+        return value if math.isfinite(value) else text
     return text
 
 
@@ -325,7 +337,8 @@ def split(name: str, text: str) -> list:
         raise SpecvizError(f"--{setting.cli_name} {text!r} has an empty entry")
     values = [check(setting, _number(setting, part)) for part in parts if part]
     if not values:
-        options = " or ".join([*setting.choices, ",".join(setting.choices)]) if setting.choices else "a value"
+        options = " or ".join([*setting.choices, ",".join(setting.choices)]) if setting.choices else \
+            setting.describe_bounds(setting.low, setting.high) if setting.type in (int, float) else "a value"
         raise SpecvizError(f"--{setting.cli_name} is empty; give {options}")
     return list(dict.fromkeys(values))
 
@@ -376,7 +389,8 @@ def add_options(parser: argparse.ArgumentParser, declared: Iterable[Setting] = S
                 lists: Iterable[str] = (), readers: Mapping[str, str] | None = None) -> None:
     """One argparse option per declared setting (canonical flag + aliases), defaulting to the declaration.
 
-    Values are checked by ``validate`` after parsing (one place, one-line messages), not by argparse; names in
+    Values are checked by ``validate`` after parsing (one place, one-line messages naming the range), not by
+    argparse, which only reads a number where the text is one (``_number``); names in
     ``lists`` take a comma list (see ``split``); ``readers`` names, per drafter-only setting, the families that
     read it (``specviz.drafters.registry.reader_titles``).
     """
@@ -393,7 +407,8 @@ def add_options(parser: argparse.ArgumentParser, declared: Iterable[Setting] = S
                 parser.add_argument(*setting.off_flags, dest=setting.name, action=_Const, const=False,
                                     default=setting.default, help=off_help.replace("%", "%%"))
             continue
-        kind = str if setting.name in lists or setting.type is str else setting.type
+        kind = str if setting.name in lists or setting.type not in (int, float) else \
+            functools.partial(_number, setting)
         metavar = "{" + ",".join(setting.choices) + "}" if setting.choices and setting.name not in lists else \
             setting.name.upper()
         parser.add_argument(*setting.flags, dest=setting.name, action=_Store, type=kind, default=setting.default,

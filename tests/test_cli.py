@@ -61,7 +61,12 @@ def test_sampled_generation_is_reproducible(capsys, model_dirs):
     (["generate", "--prompt", "hi", "--temperature", "-2"], "temperature"),
     (["generate", "--prompt", "hi", "--target", "/no/such/dir"], "no such file"),
     (["generate", "--prompt", "hi", "--target", "no-such-registry-name"], "no-such-registry-name"),
-    (["generate", "--prompt", "hi", "--k", "four"], "invalid int"),
+    (["generate", "--prompt", "hi", "--k", "four"], "k must be an integer in [1, 32], got 'four'"),
+    (["generate", "--prompt", "hi", "--k", "2.5"], "k must be an integer in [1, 32], got 2.5"),
+    (["generate", "--prompt", "hi", "--seed", "1e400"],
+     "seed must be an integer in [0, 9223372036854775807], got '1e400'"),
+    (["generate", "--prompt", "hi", "--temperature", "nan"], "temperature must be a number in [0, 10], got 'nan'"),
+    (["generate", "--prompt", "hi", "--target", " "], "target is empty"),
     (["generate", "--prompt", "hi", "--draft-quant", "int4"], "draft-quant must be one of auto, off, int8"),
     (["frobnicate"], "invalid choice"),
 ])

@@ -54,7 +54,7 @@ PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
 NEW_TOKENS = 40
 #: Verify cost rising steeply with width: the schedule cuts most rounds short of the budget.
 STEEP = CostCurve.from_points({1: 1.0, 2: 1.2, 4: 3.0, 8: 9.0}, "steep (test)")
-LAYOUT_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "layouts"
+LAYOUT_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # published configs and key names, see README.md
 SMOLLM2 = layouts.TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
 QWEN3_8B = layouts.TargetShape(hidden_size=4096, num_layers=36, vocab_size=151936)
 

@@ -42,7 +42,7 @@ PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
 NEW_TOKENS = 48
 SHAPES = [DraftBudget(k=1), DraftBudget(k=4), DraftBudget(tree=True, width=2, depth=3, max_nodes=6),
           DraftBudget(tree=True, width=4, depth=5, max_nodes=24)]
-LAYOUT_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "layouts"
+LAYOUT_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # published configs and key names, see README.md
 SMOLLM2 = layouts.TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
 
 

@@ -46,7 +46,7 @@ LAYERS = 4
 HEADS = 3
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
 NEW_TOKENS = 40
-LAYOUT_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "layouts"
+LAYOUT_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # published configs and key names, see README.md
 CHOICES = ((0,), (0, 0), (1,), (0, 1), (0, 0, 0), (2,), (1, 0), (0, 0, 1))
 
 

@@ -37,7 +37,7 @@ LAYERS = 4
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
 NEW_TOKENS = 40
 SHAPES = [DraftBudget(k=1), DraftBudget(k=5), DraftBudget(tree=True, width=3, depth=4, max_nodes=10)]
-LAYOUT_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "layouts"
+LAYOUT_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # published configs and key names, see README.md
 SETTINGS = {"stochastic_tree": False, "min_draft_prob": 0.0}
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import copy
 import socket
 import time
+from html import unescape
 
 import pytest
 
 from specviz import api
+from specviz import settings as declared_settings
 from specviz.ui import runner
 from specviz.ui.state import Producer, Session, apply
 from specviz.viz.record import RunRecord
@@ -55,7 +57,10 @@ def test_stream_produces_rounds_and_summary(tiny_targets):
     record = run_record(Session(), request(tree=True, width=2, depth=3, max_nodes=6))
     assert record.finished and record.rounds
     assert record.header["prompt"]["text"] == PROMPT_A
-    assert record.calibration["tokens_per_s"] > 0
+    beside = record.beside_estimate  # plain decoding timed between the run's rounds, this run's own
+    assert beside.samples >= 5 and beside.low <= beside.tokens_per_s <= beside.high
+    assert record.beside["runs_sharing"] == 1 and record.baseline()[2] is True
+    assert record.baseline()[1].startswith("plain decoding measured beside this run")
     assert record.new_tokens == 24
     plain = api.plain_decode(tiny_targets[0], tiny_targets[0].encode_prompt(PROMPT_A, chat=False),
                              request().config())
@@ -75,6 +80,24 @@ def test_two_sessions_at_once_keep_their_own_rounds(tiny_targets):
         plain = api.plain_decode(target, target.encode_prompt(prompt, chat=False), request(max_new_tokens=16).config())
         assert rec.token_ids == plain.token_ids
         assert [r.index for r in rec.rounds] == list(range(len(rec.rounds)))
+
+
+def test_a_run_beside_another_says_so_and_measures_its_own_baseline(tiny_targets):
+    """Each run's plain baseline is timed between its own rounds; one that ran while another was running says that
+    two runs shared the machine, and a run alone afterwards says nothing of the kind."""
+    long_session, short_session = Session(), Session()
+    long_record = RunRecord(header={})
+    long_run = long_session.start(long_record, lambda: runner.stream(request(target="tiny-slow", max_new_tokens=400)))
+    deadline = time.time() + 30
+    while len(long_record.rounds) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    beside = run_record(short_session, request(PROMPT_B, max_new_tokens=12))
+    assert long_session.stop() is True
+    long_run.thread.join(30)
+    assert beside.beside["runs_sharing"] == 2 and "2 runs shared the machine" in beside.baseline()[1]
+    alone = run_record(Session(), request(PROMPT_B, max_new_tokens=12))
+    assert alone.beside["runs_sharing"] == 1 and "shared" not in alone.baseline()[1]
+    assert runner.active_runs() == 0
 
 
 def test_stop_keeps_rounds_so_far(tiny_targets):
@@ -407,6 +430,40 @@ def test_a_restarted_comparison_says_so_at_once(served):
     assert "chain: starting (ngram)" in first and "Done" not in first
 
 
+def test_compare_pickers_open_on_each_runs_most_instructive_round(callbacks):
+    """Each Chain vs Tree side has a round picker. Once the comparison is over it opens on the run's most
+    instructive round (``RunRecord.showcase_index``: most accepted tokens, the earliest of equals), not the last one
+    the stream ended on (often a one-token stub); a side a newer comparison is streaming into stays locked."""
+    from types import SimpleNamespace
+
+    from tests.test_viz import make_round
+
+    def run(paths: list[list[int]]) -> RunRecord:
+        rounds, start = [], 0
+        for i, path in enumerate(paths):
+            rounds.append(make_round([-1, 0, 1], path, index=i, start=start))
+            start += len(rounds[-1].committed)
+        return RunRecord(header={}, rounds=rounds, summary={"stop_reason": "max_new_tokens"})
+
+    session = Session()
+    session.chain = run([[0], [0, 1], [0, 1], []])  # rounds 1 and 2 accept the most: 1, the earlier
+    session.tree = run([[0], [], [0, 1], [0]])
+    shown = {c.elem_id: value for c, value in callbacks["compare_rounds"].fn(session).items()}
+    for name, index in (("chain", 1), ("tree", 2)):
+        slider = shown[f"compare-{name}-round"]
+        assert (slider["value"], slider["maximum"], slider["interactive"]) == (index, 3, True), name
+        assert f"<b>round {index} of 4</b>" in shown[f"compare-{name}-round-info"], name
+        assert f'sv-sel" data-round="{index}"' in shown[f"compare-{name}-tokens"], name
+        assert 'sv-sel" data-round="3"' not in shown[f"compare-{name}-tokens"], name
+    picked = {c.elem_id: value for c, value in callbacks["compare_pick_tree"].fn(session, 3).items()}
+    assert "<b>round 3 of 4</b>" in picked["compare-tree-round-info"]
+    assert 'sv-sel" data-round="3"' in picked["compare-tree-tokens"]
+    session.producer = SimpleNamespace(alive=True, record=session.tree)  # a newer comparison streams the tree
+    shown = {c.elem_id: value for c, value in callbacks["compare_rounds"].fn(session).items()}
+    assert shown["compare-tree-round"]["interactive"] is False and "compare-tree-tokens" not in shown
+    assert shown["compare-chain-round"]["value"] == 1
+
+
 def test_app_compares_the_mtp_chain_with_the_medusa_tree(served, mtp_medusa):
     import json
 
@@ -500,6 +557,32 @@ def test_the_page_opens_on_the_default_drafter_at_the_default_settings():
     assert record.header["budget"] == api.budget_for(settings.validate()).to_dict()
 
 
+def test_every_shipped_trace_is_labelled_by_what_it_holds():
+    """Each recorded example's label says what its rounds drafted (a tree only where a round branched), its drafter,
+    budget and sampling as its header has them, the target and the machine it ran on; and its speedup was measured
+    beside the run (plain rounds between its rounds), so the number it shows was taken under the run's own load."""
+    from specviz.ui import examples
+
+    choices = dict((name, text) for text, name in examples.trace_choices())
+    assert len(choices) == len(list(examples.TRACES.glob("*.jsonl"))) >= 20
+    for name, text in choices.items():
+        record = examples.load_trace(name)
+        header, budget = record.header, record.header["budget"]
+        drafted = examples.drafted_shape(record.rounds)
+        assert header["example"]["drafted"] == drafted, name
+        sizes = (f"tree w{budget['width']} d{budget['depth']} n{budget['max_nodes']}" if drafted == "tree"
+                 else f"chain k{budget['depth'] if budget['tree'] else budget['k']}")
+        temperature = header["config"]["temperature"]
+        expected = [header["example"]["category"], header["drafter"]["name"],
+                    sizes + (f" T={temperature}" if temperature else ""), header["target"]["name"],
+                    header["example"]["machine"]]
+        assert text.split(" · ") == expected, name
+        assert record.beside_estimate is not None and record.beside_estimate.samples >= 5, name
+    tree = examples.label({"budget": {"tree": True, "width": 3, "depth": 4, "max_nodes": 16}, "drafter": None,
+                           "target": {"name": "t"}, "example": {"drafted": "chain", "category": "c"}})
+    assert tree == "c · plain · chain k4 · t"  # a chain drafted under a tree budget is labelled a chain
+
+
 def test_plain_decoding_for_a_record_uses_the_forward_it_ran_with():
     """"Measure plain decoding" after the panel switched the target's forward must still time the run's own kernels
     (and prompt, sampling): otherwise the speedup compares two implementations."""
@@ -513,10 +596,11 @@ def test_plain_decoding_for_a_record_uses_the_forward_it_ran_with():
     assert "target_forward" not in recorded_settings(RunRecord(header={"target": {"name": "t", "forward": "??"}}))
 
 
-def test_every_value_a_widget_offers_is_accepted_and_bad_numbers_are_named():
-    """A slider's ends are values the user can pick, so the check must accept them (top-p's slider once started at
-    0.05, which the open bound refuses); a number box's bad value must be refused naming its field (Gradio's own
-    range error says only "Value -1 is less than minimum value 0."), and a cleared box must say it is empty."""
+def test_numbers_are_bare_number_boxes_whose_range_ends_are_accepted():
+    """A number is a number box with no minimum, maximum or precision: Gradio's slider clamps a value typed into its
+    box in the browser (k = 0 ran as k = 1, 10**9 as 16), a box's precision 0 rounds (k = 2.5 ran as 2) and its
+    minimum/maximum refuse without naming the field. The range the check takes is in the info line, and its closed
+    ends are accepted."""
     import gradio as gr
 
     from specviz import settings as declared
@@ -532,16 +616,123 @@ def test_every_value_a_widget_offers_is_accepted_and_bad_numbers_are_named():
 
     for setting in settings.SHOWN:
         component = settings.widget(setting)
-        if isinstance(component, gr.Slider):
-            for end in (component.minimum, component.maximum):
+        assert not isinstance(component, gr.Slider), setting.name
+        if setting.type not in (int, float):
+            continue
+        assert isinstance(component, gr.Number), setting.name
+        assert (component.minimum, component.maximum, component.precision) == (None, None, None), setting.name
+        low, high = setting.ui_range
+        assert setting.describe_bounds(low, high) in component.info, setting.name
+        for end, is_open in zip((low, high), setting.open_ends(low, high)):
+            if is_open:
+                with pytest.raises(SpecvizError, match=f"^{setting.cli_name} must be"):
+                    panel(setting.name, end)
+            else:
                 assert getattr(panel(setting.name, end), setting.name) == pytest.approx(end), setting.name
-        if isinstance(component, gr.Number):
-            assert component.minimum is None and component.maximum is None, setting.name
-            with pytest.raises(SpecvizError, match=f"^{setting.cli_name} must be"):
-                panel(setting.name, -1)
-            with pytest.raises(SpecvizError, match=f"^{setting.cli_name} is empty"):
-                panel(setting.name, None)
     assert declared.get("top_p").open_low and declared.get("min_draft_prob").open_high  # the cases that failed
+
+
+# ---- bad settings through the callbacks the page calls -------------------------------------------------------------
+HTML_TARGET = '<img src=x onerror=alert(1)><a href="https://example.com">click me</a>'
+
+
+@pytest.fixture(scope="module")
+def callbacks():
+    """The app's event callbacks by API name (``fn`` is what Gradio calls, ``inputs``/``outputs`` its components)."""
+    from specviz.ui.app import build_app
+
+    return {f.api_name: f for f in build_app().fns.values() if f.api_name}
+
+
+def panel_values(**changes) -> list:
+    """The Playground panel's values (``settings.INPUT_NAMES`` order) for a tiny run, with ``changes``."""
+    from specviz.ui import settings
+
+    values = settings.values_for(runner.RunRequest(prompt=PROMPT_A, chat=False, target="tiny", drafter="ngram",
+                                                   max_new_tokens=8))
+    for name, value in changes.items():
+        values[settings.INPUT_NAMES.index(name)] = value
+    return values
+
+
+def refused(callback, *values, session: Session | None = None) -> tuple[str, str]:
+    """(the status line the callback last drew, its error toast's message): the callback must end in ``gr.Error``,
+    having replaced the status line first."""
+    import gradio as gr
+
+    status = callback.outputs[0]
+    shown = []
+    with pytest.raises(gr.Error) as error:
+        for update in callback.fn(session or Session(), *values):
+            if status in update:
+                shown.append(update[status])
+    assert shown, "the status line kept its older message"
+    return shown[-1], error.value.message
+
+
+def bad_values(setting) -> list:
+    """Out-of-range and malformed values of one panel setting, as its widget hands them to the callback."""
+    if setting.type in (int, float):
+        low, high = setting.ui_range
+        whole = [2.5] if setting.type is int else []
+        return [low - 1, high + 1, *whole, float("nan"), float("inf"), None, "four"]
+    if setting.name == "target":
+        return ["", None]
+    return ["star", None, 3]
+
+
+@pytest.mark.parametrize("name", [s.name for s in declared_settings.SETTINGS if s.widget])
+def test_a_bad_setting_is_a_one_line_error_naming_it(tiny_targets, callbacks, name):
+    """Every panel setting, out of range or malformed, through what Gradio does with it (the widget's ``preprocess``)
+    and the Playground's Run callback: a one-line error naming the setting (and, for a number, the range it takes),
+    the status line saying it too; nothing clamped, rounded or run."""
+    import gradio as gr
+
+    from specviz.ui import settings
+
+    run = callbacks["run"]
+    setting = declared_settings.get(name)
+    widget = run.inputs[1 + settings.INPUT_NAMES.index(name)]
+    for value in bad_values(setting):
+        # what Gradio does with the value before the callback (a radio's own check is skipped: the page offers only
+        # its choices, and its refusal of another value through the API is Gradio's)
+        payload = value if isinstance(widget, gr.Radio) else widget.preprocess(value)
+        status, message = refused(run, *panel_values(**{name: payload}))
+        assert "\n" not in message and unescape(message) in unescape(status), (name, value)
+        if setting.type in (int, float):
+            assert message.startswith(f"{setting.cli_name} "), (name, value, message)
+            assert setting.describe_bounds(*setting.ui_range) in message, (name, value, message)
+        else:
+            assert setting.cli_name in message or setting.label in message, (name, value, message)
+
+
+def test_step_measure_and_compare_refuse_bad_settings_the_same_way(tiny_targets, callbacks):
+    from specviz.ui import compare
+
+    for callback, extra in ((callbacks["step"], ()), (callbacks["compare"], (False, compare.SAME, compare.SAME))):
+        status, message = refused(callback, *extra, *panel_values(k=0))
+        assert message.startswith("k must be an integer in [1, 16] here, got 0") and message in unescape(status)
+    session = Session()
+    session.record = run_record(session, request(max_new_tokens=8))
+    session.record.source = "live"
+    status, message = refused(callbacks["measure_plain"], *panel_values(temperature=-1.0), session=session)
+    assert message.startswith("temperature must be a number in [0, 2] here, got -1.0") and message in unescape(status)
+
+
+def test_user_text_in_an_error_is_shown_escaped(tiny_targets, callbacks):
+    """Toasts render their message as HTML: a target typed as markup must come back as text (it was a real image
+    and link, and cut the message short), and the status line must say the new error, not keep an older one."""
+    from specviz.ui import compare
+
+    run = callbacks["run"]
+    session = Session()
+    refused(run, *panel_values(k=0), session=session)  # an older error on show
+    status, message = refused(run, *panel_values(target=HTML_TARGET), session=session)
+    escaped = '&lt;img src=x onerror=alert(1)&gt;&lt;a href="https://example.com"&gt;click me&lt;/a&gt;'
+    assert escaped in message and "<" not in message and ">" not in message
+    assert "&lt;img src=x onerror=alert(1)&gt;" in status and "<img" not in status and "k must be" not in status
+    status, message = refused(callbacks["compare"], False, HTML_TARGET, compare.SAME, *panel_values())  # a drafter
+    assert "&lt;img src=x" in message and "<img" not in message and "<img" not in status
 
 
 def test_typing_in_the_example_picker_keeps_the_typed_prompt():

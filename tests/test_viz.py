@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+from html import unescape
 
 import pytest
 
 from specviz.engine import trace
 from specviz.engine.metrics import FORMULAS, acceptance_by_label
 from specviz.engine.round import Round, TokenChoice
-from specviz.viz import charts, debugger, diagnostics, panels
+from specviz.viz import charts, debugger, diagnostics, panels, verdict
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, committed_outcomes, node_outcomes
 from specviz.viz.record import RunRecord
 from specviz.viz.text import html_token, label, visible
@@ -190,10 +191,10 @@ def test_token_html_escapes_and_shows_whitespace():
     r = make_round([-1, 0], [0], texts=["<script>", " a\nb"], extra_text=" ")
     html = tokens_html([XSS, "\n"], [r])
     assert "<script>" not in html and "<img" not in html
-    spaced = html.replace('<span class="sv-ws">␣</span><wbr>', " ")
+    spaced = html.replace('<span class="sv-mark">␣</span><span class="sv-sp"> </span><wbr>', " ")
     assert "&lt;script&gt;" in html and "&lt;img src=x onerror=alert(1)&gt;" in spaced
     assert "sv-accepted" in html and "sv-correction" in html and "sv-prompt" in html
-    assert "↵" in html and "␣" in html
+    assert '<span class="sv-mark">↵</span>\n' in html and '<span class="sv-mark">␣</span>' in html
 
 
 def test_a_token_with_part_of_a_character_says_so():
@@ -206,7 +207,8 @@ def test_a_token_with_part_of_a_character_says_so():
 
 
 def test_html_token_and_labels():
-    assert html_token("a b") == 'a<span class="sv-ws">␣</span><wbr>b'
+    # the space stays a space (the text reads as text); its glyph shows only when the page turns markers on
+    assert html_token("a b") == 'a<span class="sv-mark">␣</span><span class="sv-sp"> </span><wbr>b'
     assert html_token("${x}") == "&#36;{x}"
     assert visible("\t\n ") == "→↵␣"
     assert label("<" * 20).startswith("&lt;") and label("<" * 20).endswith("…")
@@ -263,6 +265,30 @@ def test_speedup_compares_like_with_like():
     assert "lossless" in panels.speedup_html(rec)
 
 
+def test_a_baseline_measured_beside_the_run_comes_first_with_its_spread_and_its_limit():
+    """Plain rounds timed between the run's rounds beat a full plain run and a cached calibration taken at another
+    moment; the speedup carries their quartile spread, and one above what tau allows is flagged, not stated."""
+    rec = record_of([make_round([-1], [0])], prefill_ms=100.0,  # 2 tokens in 11.5 ms: 173.9 tokens/s decode phase
+                    calibration={"tokens_per_s": 50.0, "decode_tokens_per_s": 100.0, "new_tokens": 32})
+    rec.plain = {"tokens_per_s": 10.0, "token_ids": rec.token_ids}
+    rec.beside = {"method": "interleaved", "tokens_per_s": 100.0, "low": 80.0, "high": 125.0, "samples": 7,
+                  "runs_sharing": 2}
+    value, source, decode_only = rec.baseline()
+    assert (value, decode_only) == (100.0, True)
+    assert "7 plain tokens" in source and "2 runs shared the machine" in source
+    rate = 2 / 0.0115
+    assert rec.speedup_range() == (pytest.approx(rate / 125.0), pytest.approx(rate / 80.0))
+    assert rec.speedup_text() == f"×{rate / 100:.2f} (×{rate / 125:.2f}–×{rate / 80:.2f})"  # τ 2: within reach
+    assert not rec.speedup_beyond_limit()
+    rec.beside = {**rec.beside, "tokens_per_s": 50.0, "low": 40.0, "high": 60.0}  # ×3.5 at τ 2: impossible
+    assert rec.speedup_beyond_limit() and "beyond what τ allows" in rec.speedup_text()
+    assert "beyond what τ allows" in panels.speedup_html(rec)
+    assert any("beyond what τ allows" in d.title for d in diagnostics.diagnose(rec))
+    rec.header.update(type="header", schema=trace.SCHEMA, version=trace.VERSION)
+    back = RunRecord.from_trace(trace.loads(rec.to_trace()))
+    assert back.beside == rec.beside and back.speedup() == pytest.approx(rec.speedup())
+
+
 def test_record_trace_round_trip():
     rec = record_of([make_round([-1, 0], [0], index=0), make_round([-1], [], index=1, start=2)], prefill_ms=5.0)
     rec.header.update(type="header", schema=trace.SCHEMA, version=trace.VERSION)
@@ -302,6 +328,124 @@ def test_charts_build():
     fig = charts.run_charts(rec.metrics(), rec.rounds, plain_tokens_per_s=5.0, elapsed_s=rec.elapsed)
     names = {t.name for t in fig.data}
     assert {"draft ms", "verify ms", "overhead ms", "plain decoding tokens/s", "speculative tokens/s"} <= names
+
+
+# ---- Chain vs Tree: stats and verdict ------------------------------------------------------------------------------
+CHAIN = [-1, 0]  # two draft nodes in a line: 3 target tokens verified per round
+TREE = [-1, -1, 0]  # root children 0 and 1, node 2 under 0: 4 verified per round
+
+
+def side(parents, accepted, *, draft_ms=1.0, verify_ms=10.0, beside=None) -> RunRecord:
+    """A run of one round per ``accepted`` path, each round timed draft + verify + 0.5 ms."""
+    rounds, start = [], 0
+    for i, path in enumerate(accepted):
+        r = make_round(parents, path, index=i, start=start)
+        r.draft_ms, r.verify_ms = draft_ms, verify_ms
+        rounds.append(r)
+        start += len(r.committed)
+    return record_of(rounds, beside=beside)
+
+
+def beside(median: float, low: float, high: float) -> dict:
+    return {"method": "interleaved", "tokens_per_s": median, "low": low, "high": high, "samples": 9}
+
+
+def speed_better(html: str, row: str) -> str:
+    """The "better" cell of a verdict row."""
+    cells = unescape(html).split(f"<td>{row}</td>")[1].split("</tr>")[0]
+    return cells.split("<b>")[1].split("</b>")[0]
+
+
+NARROW = beside(100.0, 97.0, 103.0)  # ±3 % each: ±6 % for the pair
+
+
+def test_verdict_names_the_chain_when_it_is_faster_beyond_the_noise():
+    """The issue's case: same τ, the chain verifies less, wastes less and is faster by more than the plain timings'
+    spread. The old verdict said "No clear winner" while its own table favoured the chain on three rows."""
+    chain = side(CHAIN, [[0], [0, 1], [], [0]], beside=NARROW)  # 8 tokens in 4 rounds of 11.5 ms: 173.9 tokens/s
+    tree = side(TREE, [[0], [0, 2], [], [0]], draft_ms=2.0, verify_ms=11.0, beside=NARROW)  # 13.5 ms: 148.1
+    call = verdict.speed_call(chain, tree)
+    assert (call.winner, call.measured) == ("chain", True)
+    assert call.noise == pytest.approx(100 / 97 - 100 / 103)
+    assert call.gap == pytest.approx((8 / 46) / (8 / 54) - 1)
+    html = verdict.verdict_html(chain, tree)
+    text = unescape(html)
+    assert ("The chain is 17% faster: chain ×1.74 vs tree ×1.48 plain decoding, more than the measured noise (±6%"
+            in text)
+    assert "No clear winner" not in text
+    assert ("The tree verified 1.00 more target tokens per round (4.00 vs 3.00) for no gain in τ (2.00 both)."
+            in text)
+    assert "Wasted verification: tree 50% vs chain 33%." in text
+    assert "A tree round took 2.0 ms longer (13.5 vs 11.5 ms: drafting +1.0 ms, verifying +1.0 ms)" in text
+    assert speed_better(html, "speedup vs plain") == "chain"
+    assert speed_better(html, "τ tokens / round") == "same"
+    assert speed_better(html, "target tokens verified / round") == "chain"
+    assert speed_better(html, "wasted verification") == "chain"
+
+
+def test_verdict_names_the_tree_and_the_tau_it_bought_per_extra_verified_node():
+    chain = side(CHAIN, [[0], [0, 1], [], [0]], beside=NARROW)  # τ 2.00, 173.9 tokens/s
+    tree = side(TREE, [[0, 2], [0, 2], [1], [0]], verify_ms=11.0, beside=NARROW)  # τ 2.50 in 12.5 ms: 200 tokens/s
+    assert verdict.speed_call(chain, tree).winner == "tree"
+    html = verdict.verdict_html(chain, tree)
+    text = unescape(html)
+    assert "The tree is 15% faster: tree ×2.00 vs chain ×1.74 plain decoding, more than the measured noise (±6%" in text
+    assert ("The tree verified 1.00 more target tokens per round (4.00 vs 3.00) and gained 0.50 τ (2.50 vs 2.00): "
+            "0.50 τ per extra verified node." in text)
+    assert "Wasted verification: tree 38% vs chain 33%." in text
+    assert "A tree round took 1.0 ms longer (12.5 vs 11.5 ms: verifying +1.0 ms)" in text
+    assert "drafting" not in text.split("A tree round")[1]  # no difference, no sentence about it
+    assert speed_better(html, "speedup vs plain") == "tree" and speed_better(html, "τ tokens / round") == "tree"
+
+
+def test_verdict_is_a_tie_within_the_measured_noise():
+    """No winner where the gap is within the plain timings' spread, and none where raw tokens/s differ only because
+    the machine was faster while one side ran (each side divided by plain decoding timed beside it)."""
+    wide = beside(100.0, 80.0, 125.0)  # ±22.5 % each
+    chain = side(CHAIN, [[0], [0, 1], [], [0]], beside=wide)
+    tree = side(TREE, [[0], [0, 2], [], [0]], draft_ms=2.0, verify_ms=11.0, beside=wide)
+    call = verdict.speed_call(chain, tree)
+    assert call.winner == "" and call.noise == pytest.approx(0.45)
+    html = verdict.verdict_html(chain, tree)
+    text = unescape(html)
+    assert ("No clear winner on tokens/s: chain ×1.74 vs tree ×1.48 plain decoding differ by 17%, within the measured "
+            "noise (±45%" in text)
+    assert "is 17% faster" not in text and speed_better(html, "speedup vs plain") == "within noise"
+    assert "for no gain in τ" in text  # the metrics still say what they show
+    # the tree's raw 200 tokens/s beat the chain's 173.9 by 15 %, but plain decoding was 10 % faster beside it
+    chain = side(CHAIN, [[0], [0, 1], [], [0]], beside=NARROW)
+    tree = side(TREE, [[0, 2], [0, 2], [1], [0]], verify_ms=11.0, beside=beside(110.0, 107.0, 113.0))
+    call = verdict.speed_call(chain, tree)
+    assert call.winner == "" and call.tree == pytest.approx(200 / 110)
+    assert ("No clear winner on tokens/s: chain ×1.74 vs tree ×1.82 plain decoding differ by 5%, within the measured "
+            "noise (±6%" in unescape(verdict.verdict_html(chain, tree)))
+
+
+def test_verdict_without_plain_timings_beside_the_runs_says_its_noise_is_assumed():
+    """Older traces: the decode tokens/s are compared against a stated fixed noise."""
+    chain = side(CHAIN, [[0], [0, 1], [], [0]])
+    tree = side(TREE, [[0], [0, 2], [], [0]], draft_ms=2.0, verify_ms=11.0)
+    html = verdict.verdict_html(chain, tree)
+    text = unescape(html)
+    assert ("The chain is 17% faster: chain 173.9 vs tree 148.1 decode tokens/s, more than a fixed ±5% (no plain "
+            "decoding was timed beside both runs" in text)
+    assert speed_better(html, "decode tokens/s") == "chain" and speed_better(html, "speedup vs plain") == ""
+    same = side(TREE, [[0], [0, 2], [], [0]])  # the chain's 11.5 ms rounds and τ
+    assert verdict.speed_call(chain, same).winner == ""
+    assert "No clear winner on tokens/s" in unescape(verdict.verdict_html(chain, same))
+
+
+def test_compare_and_verdict_tooltips_match_their_rows():
+    """The "verify ms / round" row explained the overhead formula."""
+    from specviz.viz.text import escape
+
+    rec = side(TREE, [[0], [0, 2]], beside=NARROW)
+    for html in (panels.compare_stats_html(rec), verdict.verdict_html(rec, rec)):
+        for row, key in (("verify ms / round", "verify_ms"), ("draft ms / round", "draft_ms"), ("τ tokens / round",
+                                                                                                   "tau")):
+            assert f'<tr title="{escape(FORMULAS[key])}"><td>{escape(row)}</td>' in html, (row, html)
+        assert escape(FORMULAS["overhead_ms"]) not in html
+    assert "target forward" in FORMULAS["verify_ms"]
 
 
 # ---- debugger -----------------------------------------------------------------------------------------------

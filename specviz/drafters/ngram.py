@@ -117,11 +117,11 @@ class NgramDrafter(Drafter):
 
     def continuations(self, context: list[int], depth: int, limit: int) -> list[list[int]]:
         """Up to ``limit`` distinct continuations (at most ``depth`` tokens), longest n-gram and most recent first."""
-        return [follow for _, follow in self._matches(context, depth, limit)]
+        return [follow for _, _, follow in self._matches(context, depth, limit)]
 
-    def _matches(self, context: list[int], depth: int, limit: int) -> list[tuple[int, list[int]]]:
-        """``continuations`` with the length n of the n-gram each one followed."""
-        found: list[tuple[int, list[int]]] = []
+    def _matches(self, context: list[int], depth: int, limit: int) -> list[tuple[int, int, list[int]]]:
+        """``continuations`` with the length n of the n-gram each one followed and where it starts in ``context``."""
+        found: list[tuple[int, int, list[int]]] = []
         seen: set[tuple[int, ...]] = set()
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if n > len(context):
@@ -133,7 +133,7 @@ class NgramDrafter(Drafter):
                 follow = context[end : end + depth]
                 if follow and tuple(follow) not in seen:
                     seen.add(tuple(follow))
-                    found.append((n, follow))
+                    found.append((n, end, follow))
                     if len(found) >= limit:
                         return found
         return found
@@ -150,14 +150,15 @@ class NgramDrafter(Drafter):
             found = self._matches(context, budget.k, 1)
             if not found:
                 return DraftTree.empty()
-            n, tokens = found[0]
+            n, end, tokens = found[0]
+            lookup = lookup_meta(n, end, len(tokens))
             if self.schedule is None:
-                return DraftTree.chain(tokens)
+                return DraftTree.chain(tokens, meta={"lookup": lookup})
             self._drafted = (n, tokens, len(context))
-            return self._scheduled(n, tokens)
-        return _trie(self.continuations(context, budget.depth, budget.width), budget.max_nodes)
+            return self._scheduled(n, tokens, lookup)
+        return _trie(self._matches(context, budget.depth, budget.width), budget.max_nodes)
 
-    def _scheduled(self, n: int, tokens: list[int]) -> DraftTree:
+    def _scheduled(self, n: int, tokens: list[int], lookup: list[dict]) -> DraftTree:
         """The prefix of ``tokens`` worth verifying (possibly none), with each draft's confidence and the scan."""
         estimates = [self.stats.estimate(n, j) for j in range(1, len(tokens) + 1)]
         survival = cost_curve.survival(estimates)
@@ -167,7 +168,7 @@ class NgramDrafter(Drafter):
         meta = {"match": {"n": n, "drafted": len(tokens)}, "survival": [round(v, 6) for v in survival],
                 "pruned": cost_curve.cut_tail(tokens, None, survival, length), "verify_length": length,
                 "schedule": {**plan.to_dict(), "length": length, "fallback_value": round(bar, 6), "fallback": fallback,
-                             "curve": self.schedule.source}}
+                             "curve": self.schedule.source}, "lookup": lookup[:length]}
         return DraftTree.chain(tokens[:length], confidence=survival[:length], meta=meta)
 
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
@@ -178,14 +179,22 @@ class NgramDrafter(Drafter):
         self._extend(context)
 
 
-def _trie(continuations: list[list[int]], max_nodes: int) -> DraftTree:
-    """Merge continuations into a prefix tree (shared prefixes become one branch), breadth-first under a node cap."""
+def lookup_meta(n: int, start: int, count: int) -> list[dict]:
+    """Why each of ``count`` drafts was proposed (``Round.meta["lookup"]``, one entry per node): the context's last
+    ``n`` tokens occurred earlier, followed by the draft, which is the context's token at position ``from``."""
+    return [{"n": n, "from": start + i} for i in range(count)]
+
+
+def _trie(matches: list[tuple[int, int, list[int]]], max_nodes: int) -> DraftTree:
+    """Merge continuations (``_matches``) into a prefix tree (shared prefixes become one branch), breadth-first under
+    a node cap; each node keeps the match that first proposed it (``lookup_meta``)."""
     tokens: list[int] = []
     parents: list[int] = []
+    lookup: list[dict] = []
     node_of: dict[tuple[int, ...], int] = {}
-    depth = max((len(c) for c in continuations), default=0)
+    depth = max((len(c) for _, _, c in matches), default=0)
     for level in range(depth):
-        for seq in continuations:
+        for n, start, seq in matches:
             if level >= len(seq):
                 continue
             parent = ROOT if level == 0 else node_of.get(tuple(seq[:level]))
@@ -199,7 +208,8 @@ def _trie(continuations: list[list[int]], max_nodes: int) -> DraftTree:
             node_of[key] = len(tokens)
             tokens.append(seq[level])
             parents.append(parent)
-    return DraftTree(tokens=tokens, parents=parents)
+            lookup.append({"n": n, "from": start + level})
+    return DraftTree(tokens=tokens, parents=parents, meta={"lookup": lookup} if tokens else {})
 
 
 # ---- the family ----------------------------------------------------------------------------------------------

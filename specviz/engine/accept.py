@@ -26,7 +26,11 @@ from specviz.engine.tree import ROOT, DraftTree
 
 @dataclass
 class Draw:
-    """One decision: at ``parent`` (-1 = root) the target chose ``target_token`` or a coin ``u`` met ``ratio``."""
+    """One decision: at ``parent`` (-1 = root) the target chose ``target_token`` or a coin ``u`` met ``ratio``.
+
+    ``p`` and ``q``: the target's and the draft's probability of the node's token that the coin was tested on; after a
+    rejected sibling these are the residual's (p′ = norm(max(0, p − q)), q′ with the rejected tokens removed), which
+    the round's own p and q rows do not show."""
 
     parent: int
     node: int | None
@@ -34,6 +38,8 @@ class Draw:
     target_token: int | None = None
     u: float | None = None
     ratio: float | None = None
+    p: float | None = None
+    q: float | None = None
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None or k == "node"}
@@ -137,9 +143,9 @@ def rejection_walk(tree: DraftTree, p_target: torch.Tensor, generator: torch.Gen
             u = sampling.uniform(generator)
             if u < ratio:
                 accepted_child = child
-                draws.append(Draw(parent=node, node=child, accepted=True, u=u, ratio=ratio))
+                draws.append(Draw(parent=node, node=child, accepted=True, u=u, ratio=ratio, p=px, q=qx))
                 break
-            draws.append(Draw(parent=node, node=child, accepted=False, u=u, ratio=ratio))
+            draws.append(Draw(parent=node, node=child, accepted=False, u=u, ratio=ratio, p=px, q=qx))
             p = sampling.residual(p, q)
             q = q.clone()
             q[token] = 0.0

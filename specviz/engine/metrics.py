@@ -23,6 +23,10 @@ FORMULAS = {
     "speedup": "speedup = speculative tokens/s ÷ plain-decoding tokens/s of the same target, measured on this machine",
     "verified_per_round": "verified per round = target tokens processed per verify forward (tree nodes + 1)",
     "wasted": "wasted verification = verified tokens that were not committed ÷ verified tokens",
+    "draft_ms": "draft ms per round = the drafter's wall time in a round (proposing the tokens, updating its own "
+    "cache), mean over rounds",
+    "verify_ms": "verify ms per round = wall time of the round's one target forward over every verified token (the "
+    "newest committed token + each draft node), mean over rounds",
     "overhead_ms": "engine overhead per round = round wall time − draft time − verify forward time",
     "calibration": "calibration: every verified draft node whose parent was accepted (or is the root) is one sample, "
     "predicted c = confidence(node) ÷ confidence(parent) (DSpark: the ĉ its schedule used, its confidence head's "

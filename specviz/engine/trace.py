@@ -108,6 +108,8 @@ SUMMARY_FIELDS = {"token_ids": _list_of(_is_int), "text": _is_str,
                   "stop_reason": _is_str, "metrics": _is_dict,
                   "calibration": _or_none(_entries(dict.fromkeys(("tokens_per_s", "decode_tokens_per_s", "new_tokens"),
                                                                  _is_number))),
+                  "plain_beside": _or_none(_entries(dict.fromkeys(("tokens_per_s", "low", "high", "samples"),
+                                                                  _is_number))),
                   "baseline": _or_none(_entries({"tokens_per_s": _or_none(_is_number)})),
                   "speedup": _or_none(_is_number)}
 
@@ -277,7 +279,8 @@ def _validate_round(obj: dict, number: int, expected_index: int, expected_start:
 
 
 #: A draw's entries besides ``parent``, ``node`` and ``accepted`` (``accept.Draw``).
-DRAW_ENTRIES = {"target_token": _is_token, "u": _is_probability, "ratio": _is_probability}
+DRAW_ENTRIES = {"target_token": _is_token, "u": _is_probability, "ratio": _is_probability, "p": _is_probability,
+                "q": _is_probability}
 
 
 def _is_draw(draw, nodes: int) -> bool:

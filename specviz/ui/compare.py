@@ -2,8 +2,8 @@
 
 Each side runs the Playground's drafter unless it picks its own, so a family's chain can face another family's
 tree (the MTP chain against the Medusa tree). The two runs go one after the other (running them at once would make
-each slow the other down and spoil the tokens/s), both against the same cached plain-decoding calibration,
-optionally plus a full plain run.
+each slow the other down and spoil the tokens/s), each against plain decoding measured beside it (between its
+rounds), optionally plus a full plain run.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import gradio as gr
 
 from specviz.drafters import registry
 from specviz.errors import SpecvizError
-from specviz.ui import runner, settings, streaming
+from specviz.ui import alerts, runner, settings, streaming
 from specviz.ui.state import Session, one_line
 from specviz.ui.views import plot, root_text, tokens_panel
 from specviz.viz import panels
 from specviz.viz.record import RunRecord
 from specviz.viz.tokens import tokens_html
 from specviz.viz.tree_figure import tree_spec
+from specviz.viz.verdict import verdict_html
 
 #: A side's drafter choice meaning "whatever the Playground's drafter is".
 SAME = "same as the Playground"
@@ -53,26 +54,71 @@ def side_dropdown(name: str, target: gr.Dropdown | None) -> gr.Dropdown:
 
 @dataclass
 class Column:
+    """One side: a round's tree and the run's text, the side's stats, and a round picker.
+
+    While the comparison streams, the column follows each run's newest round (``render``, the ``/compare`` outputs);
+    once it is over, ``opened`` moves the picker and the view to the run's most instructive round
+    (``RunRecord.showcase_index``, the round the Traces tab and the debugger open on too), not its last one, which is
+    often a one-token stub cut short by max-new-tokens.
+    """
+
     tree: gr.Plot
+    round_slider: gr.Slider
+    round_info: gr.HTML
     tokens: gr.HTML
     stats: gr.HTML
 
     @classmethod
     def build(cls, name: str) -> Column:
         gr.Markdown(f"### {name.capitalize()}")
-        tree = gr.Plot(label=f"{name}: latest round", elem_id=f"compare-{name}-tree")
+        tree = gr.Plot(label=f"{name}: draft tree of the round", elem_id=f"compare-{name}-tree")
+        with gr.Row():
+            round_slider = gr.Slider(0, 1, value=0, step=1, label=f"{name} round", elem_id=f"compare-{name}-round",
+                                     scale=1, interactive=False)
+            round_info = gr.HTML(panels.round_info_html(None), elem_id=f"compare-{name}-round-info")
         stats = gr.HTML(panels.compare_stats_html(None), elem_id=f"compare-{name}-stats")
         tokens = tokens_panel(tokens_html(None, [], show_legend=False), elem_id=f"compare-{name}-tokens")
-        return cls(tree, tokens, stats)
+        return cls(tree, round_slider, round_info, tokens, stats)
+
+    @property
+    def picker(self) -> list:
+        """What picking a round redraws."""
+        return [self.round_slider, self.round_info, self.tree, self.tokens]
 
     def render(self, record: RunRecord | None, *, running: bool = False) -> dict:
+        """The streamed view: the newest round's tree, the text so far and the stats."""
+        newest = len(record.rounds) - 1 if record is not None else -1
+        return {**self.render_round(record, newest, running=running), self.stats: panels.compare_stats_html(record)}
+
+    def render_round(self, record: RunRecord | None, index: int, *, running: bool = False) -> dict:
+        """Round ``index``'s tree, and the text with that round highlighted (``RunView.render_round``'s views)."""
         if record is None or not record.rounds:
-            return {self.tree: plot(tree_spec(None)), self.stats: panels.compare_stats_html(None),
-                    self.tokens: tokens_html(None, [], show_legend=False)}
-        last = len(record.rounds) - 1
-        return {self.tree: plot(tree_spec(record.rounds[last], root_text=root_text(record, last), height=380)),
-                self.stats: panels.compare_stats_html(record),
-                self.tokens: tokens_html(None, record.rounds, show_legend=False, caret=running)}
+            return {self.tree: plot(tree_spec(None)), self.tokens: tokens_html(None, [], show_legend=False)}
+        index = max(0, min(int(index), len(record.rounds) - 1))
+        return {self.tree: plot(tree_spec(record.rounds[index], root_text=root_text(record, index), height=380)),
+                self.tokens: tokens_html(None, record.rounds, selected=None if running else index,
+                                         show_legend=False, caret=running)}
+
+    def pick(self, record: RunRecord | None, index: float | None) -> dict:
+        """The round the reader picked: its tree, its summary, the text with it highlighted."""
+        index = int(index or 0)
+        total = len(record.rounds) if record is not None else 0
+        summary = record.rounds[max(0, min(index, total - 1))] if total else None
+        return {**self.render_round(record, index), self.round_info: panels.round_info_html(summary, total)}
+
+    def locked(self) -> dict:
+        """A picker with nothing to pick while a run streams into this column (the stream draws the view)."""
+        return {self.round_slider: gr.update(minimum=0, maximum=1, value=0, interactive=False),
+                self.round_info: panels.round_info_html(None)}
+
+    def opened(self, record: RunRecord | None) -> dict:
+        """The picker over a finished (or stopped) run, on its most instructive round."""
+        if record is None or not record.rounds:
+            return {**self.locked(), **self.render_round(record, 0)}
+        index = record.showcase_index()
+        return {self.round_slider: gr.update(minimum=0, maximum=max(len(record.rounds) - 1, 1), value=index,
+                                             interactive=True),
+                **self.pick(record, index)}
 
 
 def build(session: gr.State, panel: settings.Settings) -> dict:
@@ -92,7 +138,7 @@ def build(session: gr.State, panel: settings.Settings) -> dict:
         full_plain = gr.Checkbox(False, label="also measure plain decoding of this prompt in full",
                                  elem_id="compare-plain")
     status = gr.HTML(panels.status_html("Press Run chain vs tree."), elem_id="compare-status")
-    verdict = gr.HTML(panels.verdict_html(None, None), elem_id="compare-verdict")
+    verdict = gr.HTML(verdict_html(None, None), elem_id="compare-verdict")
     with gr.Row():
         with gr.Column():
             chain = Column.build("chain")
@@ -104,12 +150,13 @@ def build(session: gr.State, panel: settings.Settings) -> dict:
         try:
             base = settings.request(*values)
             requests = side_requests(base, chain_drafter, tree_drafter)
-        except SpecvizError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+        except SpecvizError as error:  # the status line says it too: the last comparison's "Done" must not stay
+            yield {status: panels.status_html(f"The comparison did not start: {error}", "error")}
+            raise alerts.error(str(error)) from None
         state.chain = state.tree = None
         # the status too: a restarted comparison must not go on saying the last one's "Done" while it loads
         yield {status: panels.status_html(f"chain: starting ({requests['chain'].drafter})…"),
-               **chain.render(None), **tree.render(None), verdict: panels.verdict_html(None, None)}
+               **chain.render(None), **tree.render(None), verdict: verdict_html(None, None)}
         records = {}
         for name, column in (("chain", chain), ("tree", tree)):
             request = requests[name]
@@ -126,7 +173,9 @@ def build(session: gr.State, panel: settings.Settings) -> dict:
                            **column.render(record)}
                 return  # a newer Chain vs Tree run draws this tab now
             if producer.error is not None:
-                raise gr.Error(one_line(producer.error), print_exception=False)
+                message = one_line(producer.error)
+                yield {status: panels.status_html(f"{name}: stopped by an error: {message}", "error")}
+                raise alerts.error(message)
             if record.summary is None or state.stopped.is_set():  # stopped (maybe just as this run finished)
                 if record.summary is None:
                     record.stop_reason = "stopped"
@@ -140,22 +189,52 @@ def build(session: gr.State, panel: settings.Settings) -> dict:
             try:
                 measured = runner.plain_run(replace(base, tree=False))
             except Exception as error:
-                raise gr.Error(one_line(error), print_exception=False) from None
+                message = one_line(error)
+                yield {status: panels.status_html(f"Plain decoding failed: {message}", "error")}
+                raise alerts.error(message) from None
             for record in records.values():
                 record.plain = measured
         same = requests["chain"].drafter == requests["tree"].drafter
         what = ("same prompt, seed, target and drafter" if same else
                 f"same prompt, seed and target; chain {requests['chain'].drafter} vs tree {requests['tree'].drafter}")
         yield {status: panels.status_html(f"Done: {what}.", "ok"),
-               verdict: panels.verdict_html(records["chain"], records["tree"]),
+               verdict: verdict_html(records["chain"], records["tree"]),
                **chain.render(records["chain"]), **tree.render(records["tree"])}
 
     def stop(state: Session):
         state.stop()
         return {status: panels.status_html("Stopped.", "warning")}
 
+    columns = {"chain": chain, "tree": tree}
+
+    def lock_rounds() -> dict:
+        return {update: value for column in columns.values() for update, value in column.locked().items()}
+
+    def open_rounds(state: Session) -> dict:
+        """Each side's picker on its run's most instructive round once the comparison is over; a side that a newer
+        comparison is streaming into keeps following its newest round."""
+        live = state.producer.record if state.busy and state.producer is not None else None
+        updates: dict = {}
+        for name, column in columns.items():
+            record = getattr(state, name)
+            updates.update(column.locked() if record is not None and record is live else column.opened(record))
+        return updates
+
+    pickers = [widget for column in columns.values() for widget in column.picker]
     # "multiple": a second click restarts the comparison with the current settings instead of being dropped
     event = run_btn.click(run, [session, full_plain, *drafters, *panel.inputs], outputs, concurrency_id="model",
                           show_progress="hidden", api_name="compare", trigger_mode="multiple")
-    stop_btn.click(stop, [session], [status], cancels=[event], queue=False, api_name="compare_stop")
+    # the pickers stay out of /compare's outputs (its API returns the streamed view); they open when it is over
+    run_btn.click(lock_rounds, None, [w for c in columns.values() for w in (c.round_slider, c.round_info)],
+                  queue=False, show_progress="hidden", api_visibility="private")
+    event.then(open_rounds, [session], pickers, queue=False, show_progress="hidden", api_name="compare_rounds")
+    stop_btn.click(stop, [session], [status], cancels=[event], queue=False, api_name="compare_stop").then(
+        open_rounds, [session], pickers, queue=False, show_progress="hidden", api_visibility="private")
+    for name, column in columns.items():
+        def pick(state: Session, index: float | None, name: str = name, column: Column = column) -> dict:
+            return column.pick(getattr(state, name), index)
+
+        column.round_slider.input(pick, [session, column.round_slider], [column.round_info, column.tree, column.tokens],
+                                  trigger_mode="always_last", show_progress="hidden", queue=False,
+                                  api_name=f"compare_pick_{name}")
     return {"event": event}

@@ -8,20 +8,37 @@ from __future__ import annotations
 
 import gradio as gr
 
+from specviz.engine.round import Round
 from specviz.ui.state import Session
 from specviz.ui.views import plot, root_text
 from specviz.viz import debugger, diagnostics, panels
 from specviz.viz.charts import topk_figure
+from specviz.viz.record import RunRecord
 from specviz.viz.tree_figure import tree_spec
 
 SOURCES = [("Playground run", "playground"), ("Replayed trace (Traces tab)", "replay"),
            ("Chain vs Tree: chain", "chain"), ("Chain vs Tree: tree", "tree")]
 
 
+def lookup_context(record: RunRecord, index: int) -> tuple[list[str] | None, int | None]:
+    """The display pieces of every token before round ``index`` and how many are the prompt's, so the debugger can
+    quote an n-gram lookup's match (``Round.meta["lookup"]``); (None, None) where the round has none or the record
+    cannot rebuild them (no prompt pieces, rounds recorded without text)."""
+    round_: Round = record.rounds[index]
+    prompt = record.prompt_pieces
+    if "lookup" not in round_.meta or not prompt:
+        return None, None
+    pieces = list(prompt)
+    for earlier in record.rounds[:index]:
+        pieces.extend(earlier.committed_text)
+    return (pieces, len(prompt)) if len(pieces) == len(prompt) + round_.start else (None, None)
+
+
 def build(session: gr.State) -> dict:
-    gr.Markdown("Pick a round and a node. Row *parent + 1* of the verify forward is where the node was judged: the "
-                "target's top-k against the drafter's, the accept rule's actual draws, and — for a correction — the "
-                "residual distribution it was sampled from.")
+    gr.Markdown("Pick a round and a node: why the drafter proposed it, then the accept rule that judged it with the "
+                "numbers that rule used (row *parent + 1* of the verify forward): the target's argmax or sampled "
+                "token, or p, q and the coin u, or, for a sibling tested after rejected ones, the residual it met; "
+                "the rule's actual draws; and, for a correction, the residual distribution it was sampled from.")
     with gr.Row():
         source = gr.Radio(SOURCES, value="playground", label="run", elem_id="debug-source")
         refresh = gr.Button("Refresh", size="sm", elem_id="debug-refresh")
@@ -51,7 +68,8 @@ def build(session: gr.State) -> dict:
         values = {value for _, value in choices}
         if reset_node or chosen not in values:
             chosen = debugger.default_node(round_)
-        html, figure = debugger.explain(round_, chosen)
+        context, prompt_tokens = lookup_context(record, index)
+        html, figure = debugger.explain(round_, chosen, context=context, prompt_tokens=prompt_tokens)
         selected = debugger.selected_node(chosen)
         header = panels.status_html(panels.run_label(record))
         return {

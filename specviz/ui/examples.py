@@ -1,14 +1,16 @@
 """Shipped examples: Spec-Bench prompts for the prompt picker and recorded traces for replay.
 
 ``python -m specviz.ui.examples record`` re-records ``examples/traces/`` with the real default target and every
-drafter this project ships for it, as a chain and as a tree (same runner as the UI, so the traces carry the
-calibration baseline too), and the default drafter at the default settings, which the Playground opens on.
+drafter this project ships for it, as a chain and as a tree where it drafts one (same runner as the UI, so the traces
+carry plain decoding measured beside each run too), and the default drafter at the default settings, which the
+Playground opens on. Each trace's header says what it drafted and the machine it ran on; its label reads them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -48,22 +50,37 @@ def prompt_text(question_id: str | None) -> str:
     return ""
 
 
+def drafted_shape(rounds: list) -> str:
+    """What a run's drafts were: "tree" if any round branched (a node whose parent is not the node before it),
+    else "chain". A tree budget does not make a tree: DSpark drafts its block as a chain under any budget."""
+    branched = any(parent != index - 1 for r in rounds for index, parent in enumerate(r.parents))
+    return "tree" if branched else "chain"
+
+
+def label(header: dict, fallback_category: str = "") -> str:
+    """A shipped trace's label, from its header: category, drafter, the shape it drafted (``example.drafted``,
+    written when it was recorded) with the budget's sizes, sampling, target and the machine it ran on."""
+    drafter = (header.get("drafter") or {}).get("name", "plain")
+    budget = header.get("budget") or {}
+    example = header.get("example") or {}
+    drafted = example.get("drafted") or ("tree" if budget.get("tree") else "chain")
+    shape = (f"tree w{budget.get('width')} d{budget.get('depth')} n{budget.get('max_nodes')}" if drafted == "tree"
+             else f"chain k{budget.get('depth') if budget.get('tree') else budget.get('k')}")
+    temperature = (header.get("config") or {}).get("temperature", 0.0)
+    if temperature:
+        shape += f" T={temperature}"
+    machine = f" · {example['machine']}" if example.get("machine") else ""
+    return f"{example.get('category') or fallback_category} · {drafter} · {shape} · {header['target']['name']}{machine}"
+
+
 def trace_choices() -> list[tuple[str, str]]:
     """(label, file name) for every shipped trace, labelled from its header."""
     out = []
     for path in sorted(TRACES.glob("*.jsonl")):
         try:
             header = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
-            drafter = (header.get("drafter") or {}).get("name", "plain")
-            budget = header.get("budget") or {}
-            shape = (f"tree w{budget.get('width')} d{budget.get('depth')} n{budget.get('max_nodes')}"
-                     if budget.get("tree") else f"chain k{budget.get('k')}")
-            temperature = (header.get("config") or {}).get("temperature", 0.0)
-            if temperature:
-                shape += f" T={temperature}"
-            category = header.get("example", {}).get("category") or path.stem.split("-")[0]
-            out.append((f"{category} · {drafter} · {shape} · {header['target']['name']}", path.name))
-        except (OSError, ValueError, KeyError, IndexError):
+            out.append((label(header, path.stem.split("-")[0]), path.name))
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
             continue
     return out
 
@@ -78,6 +95,7 @@ def load_trace(name: str) -> RunRecord:
 def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: list[str] | None = None) -> list[Path]:
     """Record chain and tree traces per category and drafter (default: each family's default and shipped drafters
     for the default target), plus a sampled stochastic tree for drafters with draft distributions."""
+    from specviz.bench import machine
     from specviz.drafters import registry
     from specviz.ui import runner
     from specviz.ui.state import apply
@@ -102,8 +120,13 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
                 rec = RunRecord(header={})
                 for event in runner.stream(request):
                     apply(rec, event)
+                drafted = drafted_shape(rec.rounds)
+                if shape.startswith("tree") and drafted == "chain":  # the chain trace already shows these drafts
+                    print(f"{category} {drafter} {shape}: drafted chains only under a tree budget; not written")
+                    continue
                 rec.header["example"] = {"category": category, "question_id": row["question_id"],
-                                         "source": "Spec-Bench, Apache-2.0, hemingkx/Spec-Bench"}
+                                         "source": "Spec-Bench, Apache-2.0, hemingkx/Spec-Bench",
+                                         "drafted": drafted, "machine": machine_line(machine)}
                 name = f"{category}-{drafter.replace('model:', '').replace(':', '')}-{shape}"
                 path = out_dir / f"{name}.jsonl"
                 path.write_text(rec.to_trace(), encoding="utf-8")
@@ -112,6 +135,12 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
                       f"speedup x{rec.speedup() or 0:.2f}")
                 written.append(path)
     return written
+
+
+def machine_line(machine) -> str:
+    """The machine a trace was recorded on, short enough for a label: its cores and CPU (or GPU) model."""
+    gpu = machine.gpu()
+    return f"{gpu}" if gpu != "none" else f"{os.cpu_count()}-core {machine.cpu_model()}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,8 +100,8 @@ def headless(request: runner.RunRequest) -> tuple[float, float, int]:
 
     def events():
         for event in runner.stream(request):
-            if isinstance(event, runner.Calibrated):
-                marks["start"] = time.perf_counter()  # load + calibration done; what follows is the generation
+            if isinstance(event, runner.Loaded):
+                marks["start"] = time.perf_counter()  # loaded; what follows is the generation
             yield event
 
     Producer(record, events).thread.join()

@@ -7,6 +7,7 @@ through ``runner`` (on the session's engine thread for Run, inline for Step).
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import gradio as gr
@@ -14,7 +15,7 @@ import gradio as gr
 from specviz.errors import SpecvizError
 from specviz.settings import default
 from specviz.settings import get as declared
-from specviz.ui import runner, settings, streaming, zerogpu
+from specviz.ui import alerts, runner, settings, streaming, zerogpu
 from specviz.ui.state import Session, apply, one_line
 from specviz.ui.views import RunView
 from specviz.viz.record import RunRecord
@@ -36,11 +37,16 @@ class Playground:
     step_event: object = None
 
 
-def _request(values) -> runner.RunRequest:
+def checked_request(view: RunView, values, doing: str = "The run did not start"
+                    ) -> Generator[dict, None, runner.RunRequest]:
+    """The panel's checked request (``request = yield from checked_request(view, values)`` in a callback). A bad
+    setting first replaces the status line (an older message must not stay on show beside the new error), then
+    raises its one-line error as the toast."""
     try:
         return settings.request(*values)
     except SpecvizError as error:
-        raise gr.Error(str(error), print_exception=False) from None
+        yield view.render(None, status=f"{doing}: {error}", level="error")
+        raise alerts.error(str(error)) from None
 
 
 def build(session: gr.State, download: gr.DownloadButton) -> Playground:
@@ -59,7 +65,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
     outputs = [*view.outputs, download]
 
     def run(state: Session, *values):
-        request = _request(values)
+        request = yield from checked_request(view, values)
         previous, record = state.record, RunRecord(header={}, source="live")
         state.record, state.pinned = record, None
         producer = state.start(record, lambda: runner.stream(request))
@@ -79,24 +85,25 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
             message = one_line(producer.error)
             if record.rounds:
                 yield view.render(record, status=f"Stopped by an error: {message}", level="error")
-            elif previous is not None:  # nothing ran: keep showing what was there before
-                state.record = previous
+            else:  # nothing ran: keep showing what was there before
+                state.record = previous if previous is not None else record
                 yield view.render(previous, status=f"The run did not start: {message}", level="error")
-            raise gr.Error(message, print_exception=False)
+            raise alerts.error(message)
         stopped = record.summary is None
         if stopped:
             record.stop_reason = "stopped"
             record.summary = record.trace_summary()
         message, level = streaming.final_status(record, stopped=stopped)
         if record.run_note:
-            gr.Warning(record.run_note)
+            alerts.warning(record.run_note)
         pinned, state.pinned = state.pinned, None
-        yield {**view.render(record, status=message, level=level, index=pinned), download: _download(state, record)}
+        opened = pinned if pinned is not None else record.showcase_index()  # the reader's pick, else the best round
+        yield {**view.render(record, status=message, level=level, index=opened), download: _download(state, record)}
 
     def step(state: Session, *values):
-        request = _request(values)
+        request = yield from checked_request(view, values)
         if state.busy:
-            raise gr.Error("A run is in progress: press Stop first.", print_exception=False)
+            raise alerts.error("A run is in progress: press Stop first.")
         record = previous = state.record
         fresh = (state.stepper is None or state.step_request != request or record is None
                  or record.source != "step" or record.finished)
@@ -107,8 +114,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
             events = runner.stream(request)
             state.stepper, state.step_request = events, request
             first = not runner.is_loaded(request.target, request.target_forward, request.device)
-            loading = f"Loading {request.target}, then calibrating plain decoding…" if first else \
-                "Preparing the first round…"
+            loading = f"Loading {request.target}…" if first else "Preparing the first round…"
             yield view.render(record, status=loading, running=True)
             if zerogpu.on_zero_gpu():  # a ZeroGPU worker cannot be held between clicks: run once, reveal per Step
                 state.stepper = iter(list(events))
@@ -123,7 +129,10 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
             if not record.rounds and previous is not None and previous is not record:
                 state.record = previous
                 yield view.render(previous, status=f"The run did not start: {message}", level="error")
-            raise gr.Error(message, print_exception=False) from None
+            else:
+                done = "Step mode: stopped by an error" if record.rounds else "The run did not start"
+                yield view.render(None, status=f"{done}: {message}", level="error")
+            raise alerts.error(message) from None
         if record.finished:
             state.close_stepper()
             message, level = streaming.final_status(record)
@@ -138,7 +147,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
         was_running = state.stop()
         record = state.record
         if record is None or record.source == "trace":
-            gr.Info("Nothing is running.")
+            alerts.info("Nothing is running.")
             return {}
         if not record.finished and record.source == "live":
             record.stop_reason = "stopped"
@@ -149,7 +158,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
                 record.stop_reason = "stopped"
                 record.summary = record.trace_summary()
         if not was_running and record.source == "live":
-            gr.Info("Nothing is running.")
+            alerts.info("Nothing is running.")
         message, level = streaming.final_status(record, stopped=record.stop_reason == "stopped")
         pinned, state.pinned = state.pinned, None
         updates = view.render(record, status=message, level=level, index=pinned)
@@ -160,20 +169,21 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
     def measure(state: Session, *values):
         record = state.record
         if record is None or not record.rounds or record.source == "trace":
-            raise gr.Error("Run a live generation first: the plain run must use the same prompt and settings.",
-                           print_exception=False)
+            raise alerts.error("Run a live generation first: the plain run must use the same prompt and settings.")
         if state.busy:
-            raise gr.Error("A run is in progress: wait for it or press Stop.", print_exception=False)
-        request = _request(values)
+            raise alerts.error("A run is in progress: wait for it or press Stop.")
+        request = yield from checked_request(view, values, "Plain decoding did not start")
         recorded = runner.RunRequest(**{**request.to_dict(), **recorded_settings(record)})
         yield {view.status: _status(f"Plain decoding of the same prompt ({recorded.max_new_tokens} new tokens, "
                                     "same sampler and clock)…")}
         try:
             record.plain = runner.plain_run(recorded)
         except Exception as error:
-            raise gr.Error(one_line(error), print_exception=False) from None
+            message = one_line(error)
+            yield {view.status: _status(f"Plain decoding failed: {message}", "error")}
+            raise alerts.error(message) from None
         if record.plain.get("note"):
-            gr.Warning(record.plain["note"])
+            alerts.warning(record.plain["note"])
         message, level = streaming.final_status(record, stopped=record.stop_reason == "stopped")
         yield {**view.render(record, status=message, level=level), download: _download(state, record)}
 

@@ -1,9 +1,9 @@
 """The only part of the UI that touches models: settings → a stream of events from a real generation.
 
 ``stream`` is the GPU-using generator (decorated for ZeroGPU, see ``zerogpu``). It yields plain, picklable events
-(``Loaded``, ``Calibrated``, ``RoundDone``, ``Finished``) so the views never see a model, and so the generator can
-run in ZeroGPU's worker process. Plain-decoding calibrations are cached per target, its forward, device, sampling
-settings and prompt-length bucket (``RunRequest.calibration_key``).
+(``Loaded``, ``RoundDone``, ``BaselineMeasured``, ``Finished``) so the views never see a model, and so the generator
+can run in ZeroGPU's worker process. The plain-decoding baseline is measured beside each run, between its rounds
+(``specviz.engine.baseline``), and dies with it: nothing measured at another moment divides a run's tokens/s.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from specviz.engine.round import Round
 from specviz.errors import SpecvizError
 from specviz.ui import zerogpu
 
-CALIBRATION_TOKENS = 32
-
 _PRELOADED: dict[str, api.Target] = {}
 _LOADED: set[tuple[str, str]] = set()
-_CALIBRATION: dict[tuple, dict] = {}
 _LOCK = threading.Lock()
+_ACTIVE_RUNS = 0  # generations running in this process now (a second visitor's run shares the machine)
 
 
 class _Request:
@@ -55,19 +53,13 @@ class _Request:
             raise SpecvizError("choose a target model")
         registry.check_ready(self.drafter, self.target.strip())
         checked = settings.validate({s.name: getattr(self, s.name) for s in settings.SETTINGS}, ui=True)
-        # the checked values in their declared types (a slider's 4.0 is k = 4)
+        # the checked values in their declared types (a number box's 4.0 is k = 4)
         changed = {name: value for name, value in checked.items()
                    if type(getattr(self, name)) is not type(value) or getattr(self, name) != value}
         result = replace(self, **changed) if changed else self
         for request in {id(self): self, id(result): result}.values():
             object.__setattr__(request, "_checked", checked)
         return result
-
-    def calibration_key(self, device: str, prompt_tokens: int) -> tuple:
-        """Target, its forward, device, sampling and the prompt length rounded up to a power of two (per-token
-        cost grows with the context, so a 40-token prompt must not be compared against a 450-token calibration)."""
-        bucket = 1 << max(5, (max(prompt_tokens, 1) - 1).bit_length())
-        return (self.target, self.target_forward, device, self.temperature, self.top_p, self.top_k, bucket)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -92,9 +84,11 @@ class Loaded:
 
 
 @dataclass
-class Calibrated:
-    calibration: dict
-    fresh: bool  # measured just now (False: reused from the cache)
+class BaselineMeasured:
+    """Plain decoding measured beside the run so far (``baseline.BaselineEstimate.to_dict``), and the most runs this
+    process held at once while it was measured (1: this run alone)."""
+
+    baseline: dict
 
 
 @dataclass
@@ -148,51 +142,43 @@ def target_choices() -> list[str]:
         return ["smollm2-135m"]
 
 
-# ---- calibration ---------------------------------------------------------------------------------------------
-def cached_calibration(request: RunRequest, device: str, prompt_tokens: int) -> dict | None:
+# ---- runs sharing the machine ---------------------------------------------------------------------------------
+def active_runs() -> int:
     with _LOCK:
-        return _CALIBRATION.get(request.calibration_key(device, prompt_tokens))
+        return _ACTIVE_RUNS
 
 
-def remember_calibration(calibration: dict) -> None:
+def _count_run(step: int) -> None:
+    global _ACTIVE_RUNS
     with _LOCK:
-        _CALIBRATION[tuple(calibration["key"])] = calibration
-
-
-def calibrate(target: api.Target, prompt_ids: list[int], request: RunRequest, device: str) -> dict:
-    """A short real plain decode of this prompt (after a warm-up), timed exactly like the speculative run."""
-    api.warm_up(target, prompt_ids)
-    config = replace(request.config(), max_new_tokens=CALIBRATION_TOKENS, stop_at_eos=False)
-    run = api.plain_decode(target, prompt_ids, config)
-    decode_s = run.elapsed_s - run.prefill_ms / 1e3
-    return {"tokens_per_s": run.tokens_per_s, "new_tokens": len(run.token_ids), "elapsed_s": run.elapsed_s,
-            "prefill_ms": run.prefill_ms, "decode_tokens_per_s": len(run.token_ids) / decode_s if decode_s > 0 else 0,
-            "key": list(request.calibration_key(device, len(prompt_ids))), "prompt_tokens": len(prompt_ids)}
+        _ACTIVE_RUNS += step
 
 
 # ---- the GPU-using generators ----------------------------------------------------------------------------------
 @zerogpu.gpu
 def stream(request: RunRequest, fallback_note: str = "") -> Iterator[object]:
-    """Load, (calibrate,) then run speculative decoding, yielding one event per step. Errors: ``SpecvizError``.
+    """Load, then run speculative decoding with plain decoding stepped between its rounds, yielding one event per
+    step. Errors: ``SpecvizError``.
     ``fallback_note`` (a ZeroGPU run moved to the CPU) goes into the trace header, where the run label shows it."""
     values = request.values()
     target, load_s, first = load_target(request.target, request.target_forward, request.device)
     drafter = api.make_drafter(request.drafter, target, values)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     run = api.start(target, prompt_ids, drafter, request.budget(), request.config())
-    device = str(target.device)
     header = api.header_for(run, request.prompt, request.chat)
-    yield Loaded(header={**header, "note": fallback_note} if fallback_note else header, device=device,
+    yield Loaded(header={**header, "note": fallback_note} if fallback_note else header, device=str(target.device),
                  load_s=load_s, first_load=first)
-    calibration = cached_calibration(request, device, len(prompt_ids))
-    if calibration is None:
-        calibration = calibrate(target, prompt_ids, request, device)
-        remember_calibration(calibration)
-        yield Calibrated(calibration, fresh=True)
-    else:
-        yield Calibrated(calibration, fresh=False)
-    for round_ in run:
-        yield RoundDone(round_, run.prefill_ms)
+    plain = api.InterleavedBaseline(target, prompt_ids, request.config())
+    shared = 1
+    _count_run(+1)
+    try:
+        for round_ in run:
+            yield RoundDone(round_, run.prefill_ms)
+            shared = max(shared, active_runs())
+            if plain.after_round() is not None:  # a plain round between two of the run's, under the same load
+                yield BaselineMeasured({**plain.estimate().to_dict(), "runs_sharing": shared})
+    finally:
+        _count_run(-1)
     yield Finished(api.summary_for(run), run.stop_reason)
 
 

@@ -28,8 +28,11 @@ INPUT_NAMES: list[str] = ["prompt", *[s.name for s in SHOWN if s.group != "run"]
 
 
 def info_text(setting: Setting) -> str:
-    """The widget's info line: the declared help, who reads it, and why the default is what it is."""
+    """The widget's info line: the declared help, who reads it, the range a number takes here (a number box shows
+    none of its own), and why the default is what it is."""
     text = setting.help
+    if setting.type in (int, float):
+        text += f" ({setting.describe_bounds(*setting.ui_range)})"
     if setting.drafter_only:
         text = f"{registry.reader_titles()[setting.name]} only: {text}"
     if setting.why:
@@ -58,20 +61,15 @@ def from_widget(setting: Setting, value) -> Any:
 
 def widget(setting: Setting, **overrides) -> gr.components.Component:
     """The Gradio component for one declared setting."""
-    low, high = setting.ui_range
     common = {"label": setting.label, "info": info_text(setting), "elem_id": setting.elem_id, **overrides}
     value = common.pop("value", to_widget(setting, setting.default))
     kind = setting.widget
-    if kind == "slider":
-        step = setting.ui_step or (1 if setting.type is int else 0.01)
-        # an open bound is refused by the check, so the slider stops one step inside it
-        open_low, open_high = setting.open_ends(low, high)
-        low = round(low + step, 10) if open_low else low
-        high = round(high - step, 10) if open_high else high
-        return gr.Slider(low, high, value=value, step=step, **common)
     if kind == "number":
-        # no minimum/maximum: Gradio's own range error does not name the field; ``request``'s check does
-        return gr.Number(value=value, precision=0 if setting.type is int else None, **common)
+        # No minimum/maximum and no precision: with them Gradio refuses a value without naming the field, or rounds
+        # it (precision 0 ran k = 2.5 as 2), and a slider clamps what is typed into its box in the browser. What
+        # the user typed reaches ``request``, whose check names the setting and its range.
+        step = setting.ui_step or (1 if setting.type is int else 0.01)
+        return gr.Number(value=value, step=step, **common)
     if kind == "checkbox":
         return gr.Checkbox(value, **common)
     if kind == "radio":

@@ -31,9 +31,8 @@ def apply(record: RunRecord, event: object) -> None:
     """Fold one runner event into a record."""
     if isinstance(event, runner.Loaded):
         record.header = event.header
-    elif isinstance(event, runner.Calibrated):
-        record.calibration = event.calibration
-        runner.remember_calibration(event.calibration)
+    elif isinstance(event, runner.BaselineMeasured):
+        record.beside = event.baseline
     elif isinstance(event, runner.RoundDone):
         record.prefill_ms = event.prefill_ms
         record.rounds.append(event.round)
@@ -63,7 +62,7 @@ class Producer:
 
     def __init__(self, record: RunRecord, make_stream: Callable[[], Iterator[object]]):
         self.record = record
-        self.phase = "starting"  # starting → loaded → calibrated → generating → done
+        self.phase = "starting"  # starting → loaded → generating → done
         self.error: BaseException | None = None
         self.stop_requested = threading.Event()
         self.changed = threading.Event()
@@ -84,7 +83,7 @@ class Producer:
                 apply(self.record, event)
                 if isinstance(event, runner.Loaded):
                     self.phase = "loaded"
-                elif isinstance(event, runner.Calibrated):
+                elif isinstance(event, runner.RoundDone):
                     self.phase = "generating"
                 self.changed.set()
                 if self.stop_requested.is_set():

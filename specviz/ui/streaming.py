@@ -58,8 +58,7 @@ def live_status(producer: Producer, request: runner.RunRequest, record: RunRecor
         return (f"Loading target {request.target}… {waited:.1f} s (the first load reads the weights; "
                 "later runs reuse them)")
     if producer.phase == "loaded":
-        return (f"Calibrating plain decoding of {request.target}: {runner.CALIBRATION_TOKENS} tokens, timed like the "
-                "run, cached per target/device/settings… " + f"{waited:.1f} s")
+        return f"Prefilling the prompt on {request.target}… {waited:.1f} s"
     return f"Generating · {run_label(record)} · {len(record.rounds)} rounds · {record.new_tokens} tokens"
 
 
@@ -68,8 +67,7 @@ def final_status(record: RunRecord, *, stopped: bool = False) -> tuple[str, str]
     if not record.rounds:
         return ("Stopped before the first round." if stopped else "No rounds were produced."), "warning"
     m = record.metrics()
-    speedup = record.speedup()
-    tail = f" · measured speedup ×{speedup:.2f}" if speedup else ""
+    tail = f" · measured speedup {record.speedup_text()}" if record.speedup() else ""
     if stopped:
         done = f"{_count(m.rounds, 'round')} ({_count(m.new_tokens, 'token')})"
         return (f"Stopped by you after {done} · τ {m.tau:.2f}{tail}. "

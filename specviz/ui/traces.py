@@ -1,6 +1,6 @@
 """Traces tab: download a run's trace; upload one (or pick a shipped example) and replay it with every view.
 
-Replay needs no model: ``trace.read`` validates the file (a malformed one becomes a one-line ``gr.Error``) and the
+Replay needs no model: ``trace.read`` validates the file (a malformed one becomes a one-line error) and the
 same ``RunView`` that shows live runs renders it. "Play" re-streams the rounds at their recorded pace.
 """
 
@@ -11,7 +11,7 @@ import time
 import gradio as gr
 
 from specviz.engine import trace
-from specviz.ui import examples
+from specviz.ui import alerts, examples
 from specviz.ui.state import Session
 from specviz.ui.views import RunView
 from specviz.viz import panels
@@ -51,26 +51,32 @@ def build(session: gr.State, download: gr.DownloadButton) -> dict:
 
     def on_upload(state: Session, path: str | None):
         if not path:
-            return {}
+            yield {}
+            return
         try:
             loaded = trace.read(path)
-        except trace.TraceError as error:
-            raise gr.Error(f"Not a valid specviz trace: {error}", print_exception=False) from None
-        return show(state, RunRecord.from_trace(loaded, name=_name(path)))
+        except trace.TraceError as error:  # the status line says it too: the last replay's summary must not stay
+            message = f"Not a valid specviz trace: {error}"
+            yield view.render(None, status=message, level="error")
+            raise alerts.error(message) from None
+        yield show(state, RunRecord.from_trace(loaded, name=_name(path)))
 
     def on_example(state: Session, name: str | None):
-        if not name:
-            raise gr.Error("No recorded example selected.", print_exception=False)
         try:
-            record = examples.load_trace(name)
+            record = examples.load_trace(name) if name else None
         except trace.TraceError as error:
-            raise gr.Error(str(error), print_exception=False) from None
-        return show(state, record)
+            record, message = None, str(error)
+        else:
+            message = "No recorded example selected."
+        if record is None:
+            yield view.render(None, status=message, level="error")
+            raise alerts.error(message)
+        yield show(state, record)
 
     def play(state: Session):
         source = state.replay
         if source is None or not source.rounds:
-            raise gr.Error("Load a trace first.", print_exception=False)
+            raise alerts.error("Load a trace first.")
         total = sum(r.total_ms for r in source.rounds) / 1e3
         scale = min(1.0, MAX_PLAY_S / total) if total > 0 else 1.0
         shown = RunRecord(header=source.header, prefill_ms=source.prefill_ms, calibration=source.calibration,
@@ -85,7 +91,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> dict:
     def on_which(state: Session, name: str):
         record = state.source(name)
         if record is None or not record.rounds:
-            gr.Info("That run has no rounds yet.")
+            alerts.info("That run has no rounds yet.")
             return gr.DownloadButton(value=None, interactive=False)
         return gr.DownloadButton(value=state.trace_file(record, name), interactive=True)
 

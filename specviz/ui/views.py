@@ -64,6 +64,13 @@ def root_text(record: RunRecord, index: int) -> str | None:
     return pieces[-1] if pieces else None
 
 
+def markers_js(elem_id: str) -> str:
+    """Client-side toggle of the whitespace glyphs in one text panel (``sv-markers`` on its wrapper, which Gradio
+    keeps across updates; specviz.css shows the glyphs in place of the whitespace): no round trip, no re-render."""
+    return (f"(on) => {{ document.getElementById({elem_id!r})?.classList.toggle('sv-markers', on); "
+            "return []; }")
+
+
 @dataclass
 class RunView:
     status: gr.HTML
@@ -88,6 +95,9 @@ class RunView:
                                      scale=1, interactive=True)
             round_info = gr.HTML(panels.round_info_html(None), elem_id=f"{prefix}round-info")
         tokens = tokens_panel(tokens_html(None, []), label="text so far", elem_id=f"{prefix}tokens")
+        markers = gr.Checkbox(False, label="mark spaces ␣ and line breaks ↵ (token boundaries in whitespace)",
+                              elem_id=f"{prefix}markers", container=False)
+        markers.change(None, [markers], None, js=markers_js(f"{prefix}tokens"))
         metrics = gr.HTML(panels.metrics_html(None), elem_id=f"{prefix}metrics")
         with gr.Accordion("Formulas (how every number is defined)", open=False, elem_id=f"{prefix}formulas"):
             gr.Markdown(panels.formulas_markdown())

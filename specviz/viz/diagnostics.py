@@ -57,6 +57,12 @@ def diagnose(record: RunRecord) -> list[Diagnostic]:
                                 f"{record.rate(decode_only):.1f} tokens/s against {plain:.1f} for plain decoding "
                                 f"({source}). Drafting and verifying more tokens costs more than the accepted tokens "
                                 "save: try a shorter chain, a smaller tree, or a better drafter."))
+    if speedup is not None and record.speedup_beyond_limit():
+        tau = record.metrics().tau
+        found.append(Diagnostic("warning", f"Speedup beyond what τ allows (×{speedup:.2f} at τ {tau:.2f})",
+                                "every round runs at least one target forward, so a speedup cannot exceed the tokens "
+                                f"per round by more than noise; the baseline ({source}) and this run were timed "
+                                "under different loads. Run again on a quiet machine."))
     if any(not r.lossless for r in rounds):
         found.append(Diagnostic("warning", "Lossy acceptance rule",
                                 "some rounds used a rule that changes the output distribution."))

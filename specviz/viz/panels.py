@@ -13,7 +13,7 @@ from specviz.viz.outcome import OUTCOME_LABELS, Outcome, node_outcomes
 from specviz.viz.record import RunRecord
 from specviz.viz.text import escape, visible
 
-#: The live comparison against the short calibration uses the decode phase (see ``RunRecord.baseline``).
+#: Live speedups compare decode phases (see ``RunRecord.baseline``).
 DECODE_FORMULA = ("decode tokens/s = new tokens ÷ wall time of the rounds (prefill excluded on both sides: it is the "
                   "same forward over the same prompt for speculative and plain decoding)")
 
@@ -32,7 +32,7 @@ def formulas_markdown() -> str:
              "per_label": "per head / module",
              "histogram": "histogram", "tokens_per_s": "tokens/s", "speedup": "speedup",
              "verified_per_round": "verified per round", "wasted": "wasted verification",
-             "overhead_ms": "overhead"}
+             "overhead_ms": "overhead", "draft_ms": "draft ms / round", "verify_ms": "verify ms / round"}
     return "\n".join(f"- **{names.get(key, key)}**: {text}" for key, text in FORMULAS.items())
 
 
@@ -68,12 +68,17 @@ def speedup_html(record: RunRecord | None) -> str:
     if speedup is None:
         cards.append(_card("speedup", "—", "speedup"))
     else:
-        good = "sv-good" if speedup >= 1.0 else "sv-bad"
-        cards.append(_card("measured speedup", f"×{speedup:.2f}", "speedup", extra_class=good))
+        good = "sv-bad" if speedup < 1.0 or record.speedup_beyond_limit() else "sv-good"
+        cards.append(_card("measured speedup", record.speedup_text(), "speedup", extra_class=good))
     lossless = ""
     if record.plain and "token_ids" in record.plain and record.finished:
         lossless = lossless_html(record)
-    note = f'<div class="sv-note">baseline: {escape(source)}; same target, same machine, same clock.</div>'
+    full = ""
+    if record.plain and record.plain.get("tokens_per_s") and record.beside_estimate is not None:
+        full = (f"; a full plain run of this prompt, timed after it (another moment, so not the divisor): "
+                f"{float(record.plain['tokens_per_s']):.1f} tokens/s")
+    note = (f'<div class="sv-note">baseline: {escape(source)}; same target, same machine, same clock'
+            f'{escape(full)}.</div>')
     return f'<div class="sv-cards">{"".join(cards)}</div>{note}{lossless}'
 
 
@@ -140,54 +145,17 @@ def compare_stats_html(record: RunRecord | None) -> str:
     speedup = record.speedup()
     rate_name = "decode tokens/s" if decode_only else "tokens/s"
     rows = [
-        ("τ tokens / round", f"{m.tau:.2f}", "tau"),
-        ("acceptance rate", f"{m.acceptance_rate:.0%}", "acceptance_rate"),
-        ("target tokens verified / round", f"{m.verified_per_round:.1f}", "verified_per_round"),
-        ("wasted verification", f"{m.wasted:.0%}", "wasted"),
-        ("verify ms / round", f"{m.verify_ms:.1f}", "overhead_ms"),
-        (rate_name, f"{record.rate(decode_only):.1f}", "tokens_per_s"),
-        ("speedup vs plain", f"×{speedup:.2f}" if speedup else "—", "speedup"),
+        ("τ tokens / round", f"{m.tau:.2f}", FORMULAS["tau"]),
+        ("acceptance rate", f"{m.acceptance_rate:.0%}", FORMULAS["acceptance_rate"]),
+        ("target tokens verified / round", f"{m.verified_per_round:.1f}", FORMULAS["verified_per_round"]),
+        ("wasted verification", f"{m.wasted:.0%}", FORMULAS["wasted"]),
+        ("draft ms / round", f"{m.draft_ms:.1f}", FORMULAS["draft_ms"]),
+        ("verify ms / round", f"{m.verify_ms:.1f}", FORMULAS["verify_ms"]),
+        (rate_name, f"{record.rate(decode_only):.1f}", DECODE_FORMULA if decode_only else FORMULAS["tokens_per_s"]),
+        ("speedup vs plain", record.speedup_text() if speedup else "—", FORMULAS["speedup"]),
     ]
-    def tip(name: str, key: str) -> str:
-        return DECODE_FORMULA if name == "decode tokens/s" else FORMULAS[key]
-
-    body = "".join(f'<tr title="{escape(tip(name, key))}"><td>{escape(name)}</td><td><b>{escape(value)}</b></td></tr>'
-                   for name, value, key in rows)
+    body = "".join(f'<tr title="{escape(tip)}"><td>{escape(name)}</td><td><b>{escape(value)}</b></td></tr>'
+                   for name, value, tip in rows)
     note = (f"drafter {record.drafter_name} · {m.rounds} rounds, {m.new_tokens} tokens"
             + (f"; plain {plain:.1f} tok/s" if plain else ""))
     return f'<table class="sv-table">{body}</table><div class="sv-note">{escape(note)}</div>'
-
-
-def verdict_html(chain: RunRecord | None, tree: RunRecord | None) -> str:
-    """Who wins on τ, on tokens/s and on waste, and the sentence that explains a split decision."""
-    if not chain or not tree or not chain.rounds or not tree.rounds:
-        return '<div class="sv-muted">Run both to get a verdict.</div>'
-    mc, mt = chain.metrics(), tree.metrics()
-
-    def winner(c: float, t: float, higher_better: bool = True) -> str:
-        if abs(c - t) <= 0.02 * max(abs(c), abs(t), 1e-9):
-            return "tie"
-        return ("chain" if c > t else "tree") if higher_better else ("chain" if c < t else "tree")
-
-    cells = [
-        ("τ", f"{mc.tau:.2f}", f"{mt.tau:.2f}", winner(mc.tau, mt.tau)),
-        ("verified / round", f"{mc.verified_per_round:.1f}", f"{mt.verified_per_round:.1f}",
-         winner(mc.verified_per_round, mt.verified_per_round, higher_better=False)),
-        ("wasted verification", f"{mc.wasted:.0%}", f"{mt.wasted:.0%}", winner(mc.wasted, mt.wasted, False)),
-        ("decode tokens/s", f"{chain.rate(True):.1f}", f"{tree.rate(True):.1f}",
-         winner(chain.rate(True), tree.rate(True))),
-    ]
-    body = "".join(f"<tr><td>{escape(n)}</td><td>{escape(c)}</td><td>{escape(t)}</td><td><b>{escape(w)}</b></td></tr>"
-                   for n, c, t, w in cells)
-    tau_win, speed_win = cells[0][3], cells[3][3]
-    if tau_win == "tree" and speed_win == "chain":
-        sentence = ("The tree accepts more per round but verifies more tokens per forward; on this machine the "
-                    "extra verification costs more than the extra accepted tokens save.")
-    elif tau_win == speed_win and tau_win != "tie":
-        sentence = f"The {tau_win} wins on both acceptance and wall-clock speed here."
-    elif speed_win == "tree":
-        sentence = "The tree is faster in wall-clock time."
-    else:
-        sentence = "No clear winner on this prompt: try a longer generation or another prompt category."
-    return (f'<table class="sv-table sv-verdict"><tr><th></th><th>chain</th><th>tree</th><th>better</th></tr>'
-            f'{body}</table><div class="sv-note"><b>Verdict:</b> {escape(sentence)}</div>')

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from specviz.engine import metrics, trace
+from specviz.engine.baseline import BaselineEstimate, beyond_limit
 from specviz.engine.metrics import Metrics
 from specviz.engine.round import Round
 from specviz.viz.outcome import Outcome, node_outcomes
@@ -23,7 +24,10 @@ class RunRecord:
     prefill_ms: float = 0.0
     summary: dict | None = None  # set once the run has finished (or was stopped)
     stop_reason: str = ""
-    calibration: dict | None = None  # short plain decode (``runner.calibrate``): tokens/s, decode tokens/s, its key…
+    #: plain decoding measured beside this run, between its rounds (``engine.baseline.BaselineEstimate.to_dict``
+    #: plus ``runs_sharing``): the baseline a live run's speedup divides by
+    beside: dict | None = None
+    calibration: dict | None = None  # older traces: a cached short plain decode (tokens/s, decode tokens/s, …)
     plain: dict | None = None  # full plain run on the same prompt: {"tokens_per_s", "token_ids", "elapsed_s"}
     source: str = "live"  # "live", "step" or "trace"
     name: str = ""  # trace file name, or a short description of a live run
@@ -189,10 +193,18 @@ class RunRecord:
     def baseline(self) -> tuple[float | None, str, bool]:
         """Plain-decoding tokens/s to compare against, where it came from, and whether it is decode-phase only.
 
-        A full plain run of this prompt (same length, prefill included on both sides) beats the cached short
-        calibration. The calibration is compared on the decode phase only: its 32 tokens and this run's N tokens
-        amortise the same prefill differently, and the prefill is identical work for both methods.
+        Plain decoding measured beside this run (between its rounds, under the same load) comes first: it is the
+        only one taken in the run's own conditions. Then a full plain run of this prompt (same length, prefill
+        included on both sides), then an older trace's cached short calibration. The interleaved rounds and the
+        calibration are compared on the decode phase only (the prefill is the same work for both methods).
         """
+        beside = self.beside_estimate
+        if beside is not None:
+            sharing = int((self.beside or {}).get("runs_sharing", 1) or 1)
+            shared = f"; {sharing} runs shared the machine" if sharing > 1 else ""
+            return (beside.tokens_per_s, f"plain decoding measured beside this run: {beside.samples} plain tokens "
+                    f"timed between its rounds, {beside.low:.1f}–{beside.high:.1f} tokens/s between quartiles{shared}",
+                    True)
         if self.plain and self.plain.get("tokens_per_s"):
             return float(self.plain["tokens_per_s"]), "plain decoding of this prompt (full run)", False
         calibration = self.calibration or {}
@@ -209,6 +221,30 @@ class RunRecord:
         plain, _, decode_only = self.baseline()
         return metrics.speedup(self.rate(decode_only), plain) if plain else None
 
+    @property
+    def beside_estimate(self) -> BaselineEstimate | None:
+        return BaselineEstimate.from_dict(self.beside) if isinstance(self.beside, dict) else None
+
+    def speedup_range(self) -> tuple[float, float] | None:
+        """The speedup at the fast and the slow quartile of the plain tokens timed beside the run (its uncertainty)."""
+        beside = self.beside_estimate
+        return beside.speedup_range(self.rate(decode_only=True)) if beside is not None else None
+
+    def speedup_beyond_limit(self) -> bool:
+        """A speedup larger than tau allows (``engine.baseline.beyond_limit``): the two rates saw different loads."""
+        speedup = self.speedup()
+        return bool(speedup and self.rounds) and beyond_limit(speedup, self.metrics().tau)
+
+    def speedup_text(self) -> str:
+        """The speedup as the page states it: its value, its spread where measured beside the run, and a flag when it
+        is beyond what tau allows."""
+        speedup = self.speedup()
+        if not speedup:
+            return "—"
+        spread = self.speedup_range()
+        text = f"×{speedup:.2f}" + (f" (×{spread[0]:.2f}–×{spread[1]:.2f})" if spread else "")
+        return text + (" ⚠ beyond what τ allows: not a fact" if self.speedup_beyond_limit() else "")
+
     # ---- trace ---------------------------------------------------------------------------------------------
     def trace_summary(self) -> dict:
         """The summary line, shaped like ``api.summary_for`` plus the baselines this UI measured."""
@@ -219,6 +255,8 @@ class RunRecord:
         summary.setdefault("elapsed_s", self.elapsed_s)
         summary.setdefault("prefill_ms", self.prefill_ms)
         summary["metrics"] = metrics.compute(self.rounds, self.elapsed_s).to_dict()
+        if self.beside:
+            summary["plain_beside"] = self.beside
         if self.calibration:
             summary["calibration"] = self.calibration
         if self.plain:
@@ -240,6 +278,7 @@ class RunRecord:
             record.prefill_ms = float(summary.get("prefill_ms", 0.0) or 0.0)
             record.stop_reason = str(summary.get("stop_reason", ""))
             record.calibration = summary.get("calibration")
+            record.beside = summary.get("plain_beside")
             baseline = summary.get("baseline")
             if isinstance(baseline, dict) and baseline.get("tokens_per_s"):
                 record.plain = baseline

@@ -41,13 +41,15 @@ def label(text: str, limit: int = 14) -> str:
 
 
 def html_token(text: str) -> str:
-    """Escaped HTML for a token inside a ``white-space: pre-wrap`` block: glyphs mark spaces and line breaks."""
+    """Escaped HTML for a token inside a ``white-space: pre-wrap`` block. Whitespace stays whitespace, so the text
+    reads as text; each space, tab and line break also carries a glyph (``sv-mark``) that the page shows in place
+    of the space when the reader turns the markers on (a class on the page, ``sv-markers``: see specviz.css)."""
     if text == "":
         return f'<span class="sv-ws">{EMPTY}</span>'
     # escape() never emits spaces, tabs or newlines, so replacing them afterwards cannot break an entity.
-    return (escape(text).replace(" ", f'<span class="sv-ws">{SPACE}</span><wbr>')
-            .replace("\t", f'<span class="sv-ws">{TAB}</span>')
-            .replace("\n", f'<span class="sv-ws">{NEWLINE}</span>\n'))
+    return (escape(text).replace(" ", f'<span class="sv-mark">{SPACE}</span><span class="sv-sp"> </span><wbr>')
+            .replace("\t", f'<span class="sv-mark">{TAB}</span><span class="sv-sp">\t</span>')
+            .replace("\n", f'<span class="sv-mark">{NEWLINE}</span>\n'))
 
 
 def fmt_prob(value: float | None) -> str:

@@ -32,7 +32,7 @@ def legend_html() -> str:
         f'<span class="sv-tok {CSS_CLASS[o]}">{escape(OUTCOME_LABELS[o])}</span> '
         for o in (Outcome.PROMPT, Outcome.ACCEPTED, Outcome.CORRECTION, Outcome.BONUS)
     )
-    return f'<div class="sv-legend">{items}<span class="sv-ws">␣ ↵</span> = space, newline</div>'
+    return f'<div class="sv-legend">{items}<span class="sv-mark">␣ ↵ = space, newline</span></div>'
 
 
 def _prompt_spans(pieces: Sequence[str]) -> list[str]:

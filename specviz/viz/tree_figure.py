@@ -123,6 +123,11 @@ def _accept_test(round_: Round, node: int, p: float | None, q: float | None) -> 
         return f"greedy: accepted only if it is the target's argmax here{best}"
     if round_.rule == "target-sampling":
         return f"target sampling: accepted if the target draws it, probability p = {fmt_prob(p)}"
+    coins = [d for d in round_.draws if d.get("parent") == round_.parents[node] and "u" in d]
+    earlier = next((i for i, d in enumerate(coins) if d.get("node") == node), 0)
+    if earlier:  # tested after rejected siblings: against the residual, not the p and q shown above
+        return (f"accept probability min(1, p′/q′) = {fmt_prob(coins[earlier].get('ratio'))}, against the residual "
+                f"left by {earlier} rejected sibling{'s' if earlier > 1 else ''}")
     ratio = p if q is None else None if p is None else 1.0 if q <= 0 else min(1.0, p / q)
     return f"accept probability min(1, p/q) = {fmt_prob(ratio)}"
 

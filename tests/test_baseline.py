@@ -1,0 +1,51 @@
+"""The live baseline: plain decoding stepped between a run's rounds, its median and spread, and the tau limit."""
+
+import pytest
+import tiny
+
+from specviz.drafters.ngram import NgramDrafter
+from specviz.engine import baseline
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.loop import Generation, GenerationConfig, plain_decode
+
+PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
+
+
+def test_estimate_is_the_median_and_quartiles_of_plain_token_times():
+    est = baseline.estimate([10.0, 20.0, 30.0, 40.0, 50.0])
+    assert est.tokens_per_s == pytest.approx(1e3 / 30) and est.samples == 5
+    assert (est.low, est.high) == (pytest.approx(1e3 / 40), pytest.approx(1e3 / 20))  # slow and fast quartiles
+    assert est.speedup_range(60.0) == (pytest.approx(60 / 50), pytest.approx(60 / 25))
+    assert baseline.estimate([]) is None and baseline.estimate([0.0]) is None
+    assert baseline.estimate([25.0]) == baseline.BaselineEstimate(40.0, 40.0, 40.0, 1)
+    assert baseline.BaselineEstimate.from_dict(est.to_dict()) == est
+    assert baseline.BaselineEstimate.from_dict({"tokens_per_s": "x"}) is None
+    assert baseline.BaselineEstimate.from_dict({**est.to_dict(), "low": -1}) is None
+
+
+def test_beyond_limit_flags_a_speedup_tau_cannot_explain():
+    assert not baseline.beyond_limit(1.5, tau=1.8) and not baseline.beyond_limit(1.9, tau=1.8)
+    assert baseline.beyond_limit(2.5, tau=1.8)
+
+
+def test_plain_rounds_run_between_the_runs_rounds_and_change_nothing():
+    """Warm rounds first, then one plain round every few; the run's tokens are plain decoding's (greedy), and the
+    baseline's plain rounds decode the same text on their own cache."""
+    target = tiny.target("llama", 64, layers=2, scale=25)
+    config = GenerationConfig(max_new_tokens=40)
+    probe = baseline.InterleavedBaseline(target, PROMPT, config, warm=3, every=4)
+    run = Generation(target, PROMPT, config, NgramDrafter(), DraftBudget(k=4))
+    stepped = [probe.after_round() is not None for _ in run]
+    rounds = len(run.rounds)
+    assert stepped == [i < 3 or (i + 1) % 4 == 0 for i in range(rounds)]
+    assert len(probe.samples_ms) == sum(stepped) and all(ms > 0 for ms in probe.samples_ms)
+    assert run.token_ids == plain_decode(target, PROMPT, config).token_ids
+    est = probe.estimate()
+    assert est.samples == sum(stepped) and est.low <= est.tokens_per_s <= est.high
+
+
+def test_the_plain_side_stops_at_the_runs_length():
+    target = tiny.target("llama", 64, layers=2, scale=25)
+    probe = baseline.InterleavedBaseline(target, PROMPT, GenerationConfig(max_new_tokens=3), warm=10)
+    assert [probe.after_round() is not None for _ in range(5)] == [True, True, True, False, False]
+    assert len(probe.samples_ms) == 3
