@@ -9,7 +9,6 @@ views label who drafted what.
 from __future__ import annotations
 
 import json
-from itertools import count
 
 import pytest
 import tiny
@@ -44,15 +43,14 @@ STEEP = CostCurve.from_points({1: 10.0, 2: 18.0, 8: 80.0})
 SHAPES = [DraftBudget(k=2), DraftBudget(k=6), DraftBudget(tree=True, width=2, depth=3, max_nodes=6)]
 
 
-def ticking() -> callable:
-    """A clock that advances one millisecond per reading: model rounds cost the same every run (no timing noise)."""
-    ticks = count()
-    return lambda: next(ticks) / 1e3
+def fixed_cost(budget: DraftBudget) -> float:
+    """Model rounds' drafting cost, the same every run (as ``hybrid.stored_draft_cost`` is on one machine)."""
+    return 2.0
 
 
 def hybrid(head, target, curve: CostCurve = CURVE) -> HybridDrafter:
     model = EagleDrafter(build_head(target.model, head.spec, head.state_dict()), target.vocab_size)
-    return HybridDrafter(NgramDrafter(schedule=curve, name="lookup"), model, clock=ticking())
+    return HybridDrafter(NgramDrafter(schedule=curve, name="lookup"), model, draft_cost=fixed_cost)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +145,7 @@ def sampled_counts(samples: int) -> tuple[dict, dict, set]:
     target = tiny.target("llama", V, layers=2, seed=0, scale=15)
     exact = Table(tiny.model("llama", V, layers=2, seed=0, scale=15)).joint()
     drafter = HybridDrafter(NgramDrafter(schedule=SAMPLING_CURVE), EagleDrafter(sampling_head(target, "eagle"), V),
-                            clock=ticking())
+                            draft_cost=fixed_cost)
     counts: dict[tuple[int, int], int] = {}
     sources: set = set()
     for seed in range(samples):

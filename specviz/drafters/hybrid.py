@@ -5,7 +5,10 @@ a prefix of its match pays, that prefix is the round's draft and the model draft
 committed text at its next turn, in one forward); otherwise the model drafter proposes exactly as it would alone.
 "Pays" means beats the model drafter's own rounds: the lookup's best prefix must commit more tokens per millisecond
 (its survival over the target's verify cost) than the model's rounds did so far in this run (their committed tokens
-over their draft time plus verify cost: ``RoundRate``). The model drafts in every round the lookup sits out, even
+over their draft cost plus verify cost: ``RoundRate``). Both costs are measured once per machine and kept
+(``specviz.engine.timings``: the target's verify-cost curve, and a model round's drafting time at the run's budget,
+timed on a throwaway copy of the model drafter), never timed live, so the same seed and settings give the same
+rounds in every run. The model drafts in every round the lookup sits out, even
 where its rounds do a little worse than plain steps: skipping it there was tried and measured slower (bench run 35,
 BENCHMARKS.md), the rate being too noisy a guide at that margin.
 
@@ -21,7 +24,8 @@ rejection sampling against its q).
 
 from __future__ import annotations
 
-import time
+import math
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -31,9 +35,10 @@ import torch
 from specviz.drafters import registry
 from specviz.drafters.ngram import SCHEDULE_WIDEST, NgramDrafter
 from specviz.drafters.registry import DrafterFamily, register
-from specviz.engine import cost_curve
+from specviz.engine import cost_curve, timings
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.features import TargetFeatures
+from specviz.engine.loop import Generation, GenerationConfig
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
@@ -46,6 +51,8 @@ LOOKUP_LABEL = "lookup"
 DEFAULT_PARTNER = "eagle3"
 #: Families that cannot be the model side: the lookup is already there.
 NOT_PARTNERS = ("ngram", NAME)
+#: The throwaway generation that times a model round's drafting once per machine and budget (``stored_draft_cost``)
+CALIBRATION_PROMPT, CALIBRATION_TOKENS = 32, 12
 
 
 class RoundRate:
@@ -69,14 +76,15 @@ class HybridDrafter(Drafter):
 
     The lookup drafts a chain of up to k tokens (under ``--tree``: up to min(depth, node budget)); the model drafter
     gets the budget as it is. ``source`` is who proposed the last round (``"lookup"`` or the model's name);
-    ``model_rate`` what the model's rounds committed per ms so far (timed with ``clock``, in seconds).
+    ``model_rate`` what the model's rounds committed per ms so far, each costing ``draft_cost(budget)`` ms of drafting
+    (a fixed figure per budget: ``stored_draft_cost``; default 0) plus the verify-cost curve's width.
     """
 
     def __init__(self, lookup: NgramDrafter, model: Drafter, name: str | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 draft_cost: Callable[[DraftBudget], float] = lambda budget: 0.0):
         if lookup.schedule is None:
             raise SpecvizError("the hybrid drafter's lookup needs a verify-cost curve to schedule on")
-        self.lookup, self.model, self.clock = lookup, model, clock
+        self.lookup, self.model, self.draft_cost = lookup, model, draft_cost
         self.name = name or f"{NAME}:{model.name}"
         self.feature_layers = tuple(model.feature_layers)
         self.source: str | None = None
@@ -111,9 +119,8 @@ class HybridDrafter(Drafter):
         else:
             skipped = _skipped(tree.meta)
             self.source = self.model.name
-            start = self.clock()
             tree = self.model.propose(context, budget, sampling, generator)
-            self._model_ms = (self.clock() - start) * 1e3 + self.lookup.schedule.cost(1 + len(tree.tokens))
+            self._model_ms = self.draft_cost(budget) + self.lookup.schedule.cost(1 + len(tree.tokens))
             tree.meta["node_labels"] = model_labels(tree, self.model.name)
             if skipped:  # a match the lookup judged not worth verifying: the views say what it was worth
                 tree.meta["lookup_skipped"] = skipped
@@ -123,9 +130,8 @@ class HybridDrafter(Drafter):
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         self.lookup.commit(context, tree, accepted)  # scores its drafts, verified or not, and indexes the new text
         if self.source != "lookup":
-            start = self.clock()
             self.model.commit(context, tree, accepted)
-            self.model_rate.add(len(accepted) + 1, self._model_ms + (self.clock() - start) * 1e3)
+            self.model_rate.add(len(accepted) + 1, self._model_ms)
 
 
 def model_labels(tree: DraftTree, name: str) -> list[str]:
@@ -163,10 +169,43 @@ def _check(argument: str) -> str:
     return argument
 
 
+def stored_draft_cost(spec: str, target: Target, settings: Mapping[str, Any]) -> Callable[[DraftBudget], float]:
+    """Milliseconds a round of ``spec``'s drafting (propose and commit) takes on this machine at a budget: measured the
+    first time a budget is asked for, on a throwaway copy of the drafter over a short real generation (the run's own
+    drafter keeps its state), then kept per machine (``timings.remembered``) and per run."""
+    known: dict[DraftBudget, float] = {}
+
+    def measure(budget: DraftBudget) -> dict:
+        probe = registry.build(spec, target, settings)
+        ids = [(7 + 31 * i) % target.vocab_size for i in range(CALIBRATION_PROMPT)]
+        config = GenerationConfig(max_new_tokens=CALIBRATION_TOKENS, stop_at_eos=False, detail=False,
+                                  top_k_report=0)
+        rounds = Generation(target, ids, config, probe, budget).run().rounds[1:]  # the first warms up
+        return {"ms": statistics.median(r.draft_ms for r in rounds) if rounds else 0.0}
+
+    def cost(budget: DraftBudget) -> float:
+        if budget not in known:
+            key = {"model": timings.model_key(target.model), "forward": target.forward, "drafter": spec,
+                   "settings": {name: settings.get(name) for name in FAMILY.reads}, "budget": budget.to_dict()}
+            known[budget] = timings.remembered("draft-cost", key, lambda: measure(budget), _milliseconds)
+        return known[budget]
+
+    return cost
+
+
+def _milliseconds(value: dict) -> float:
+    ms = float(value["ms"])
+    if not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"a stored draft cost must be finite milliseconds >= 0, got {ms}")
+    return ms
+
+
 def _build(argument: str, target: Target, settings: Mapping[str, Any]) -> HybridDrafter:
-    model = registry.build(_partner(argument), target, settings)
+    spec = _partner(argument)
+    model = registry.build(spec, target, settings)
     lookup = NgramDrafter(schedule=cost_curve.measured(target, SCHEDULE_WIDEST), name="lookup")
-    return HybridDrafter(lookup, model, name=f"{NAME}:{argument}" if argument else NAME)
+    return HybridDrafter(lookup, model, name=f"{NAME}:{argument}" if argument else NAME,
+                         draft_cost=stored_draft_cost(spec, target, settings))
 
 
 def _ready(target: str) -> list[str]:

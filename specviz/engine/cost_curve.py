@@ -2,8 +2,9 @@
 
 A drafter that chooses how many tokens to verify (DSpark's confidence-scheduled verification) weighs the tokens it
 expects to keep against ``cost(n)``, the milliseconds of one target forward of ``n`` tokens over a cached context.
-The curve is measured here on the real target (a short timing at drafter build time), or given (e.g. the bench's
-verify-cost measurement, whose rows ``{"width", "ms"}`` ``CostCurve.from_rows`` reads). It lives in the engine so
+The curve is measured here on the real target (a short timing, the first time a drafter needs it on this machine,
+then kept: ``measured``), or given (e.g. the bench's verify-cost measurement, whose rows ``{"width", "ms"}``
+``CostCurve.from_rows`` reads). It lives in the engine so
 drafters may use it; the bench's own curve (``specviz.bench.verify_cost``) times forwards the same way.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from specviz.engine import cache as kv
+from specviz.engine import timings
 from specviz.engine.loop import Clock
 from specviz.engine.target import Target
 from specviz.engine.verify import masked_forward, prefill
@@ -80,6 +82,11 @@ class CostCurve:
     def to_dict(self) -> dict:
         return {"widths": list(self.widths), "ms": [round(m, 4) for m in self.ms], "source": self.source}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> CostCurve:
+        """``to_dict``'s output back (a one-line ``SpecvizError``, or a ``TypeError``/``KeyError``, when it is not)."""
+        return cls(tuple(int(w) for w in data["widths"]), tuple(float(m) for m in data["ms"]), str(data["source"]))
+
 
 def widths_up_to(widest: int) -> list[int]:
     """Every width up to 8, then every fourth, then ``widest``: enough points for a piecewise-linear curve."""
@@ -143,11 +150,14 @@ _CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model
 
 
 def measured(target: Target, widest: int) -> CostCurve:
-    """``measure``'s curve up to ``widest`` tokens, timed once per target model in this process (the app builds a
-    drafter per run; the machine does not change between runs)."""
+    """``measure``'s curve up to ``widest`` tokens, timed once per machine and model and kept
+    (``specviz.engine.timings``): the app builds a drafter per run, and every run must schedule on the same curve for
+    the same seed and settings to give the same rounds."""
     curves = _CURVES.setdefault(target.model, {})
     if widest not in curves:
-        curves[widest] = measure(target, widest)
+        key = {"model": timings.model_key(target.model), "forward": target.forward, "widest": widest}
+        curves[widest] = timings.remembered("cost-curve", key, lambda: measure(target, widest).to_dict(),
+                                            CostCurve.from_dict)
     return curves[widest]
 
 
