@@ -238,16 +238,17 @@ def test_greedy_with_cascade_matches_plain_decoding(cascade_target, drafter_name
 
 def test_engine_sends_the_cascade_only_masks_that_share_the_prefix(cascade_target):
     """A visibility matrix hiding a prefix column switches the model to SDPA for that call; a verify forward's keeps
-    the cascade."""
+    the cascade. The switch is per call: the config keeps naming the cascade throughout."""
     model = cascade_target[0].model
     tree = DraftTree(tokens=[1, 2, 3], parents=[-1, -1, 0])
     hidden = tree_visibility(tree, 6).clone()
     hidden[3, 2] = False
     with attention.mask_capable_attention(model, tree_visibility(tree, 6)):
-        assert model.config._attn_implementation == cascade_attention.NAME
+        assert attention.implementation(model) == cascade_attention.NAME
     with attention.mask_capable_attention(model, hidden):
-        assert model.config._attn_implementation == "sdpa"
-    assert model.config._attn_implementation == cascade_attention.NAME
+        assert attention.implementation(model) == "sdpa"
+        assert model.config._attn_implementation == cascade_attention.NAME
+    assert attention.implementation(model) == model.config._attn_implementation == cascade_attention.NAME
 
 
 def test_header_names_the_attention_that_ran(cascade_target):

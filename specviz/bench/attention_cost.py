@@ -3,8 +3,9 @@
 Cascade attention is meant to make a tree cost what a chain of the same size costs (the prefix runs on a flash
 kernel either way; only the small q x q block differs), and to beat SDPA with the full 4D mask, which cannot use
 a flash kernel. This measures both on the same loaded target, switching its attention backend between runs (a
-config attribute every layer reads per call), over the same cached context, timed like
-``specviz.engine.cost_curve`` (median of repeats, the accelerator synchronised before each clock reading).
+per-call choice, ``engine.attention.attention_implementation``: the model's config is left as loaded), over the same
+cached context, timed like ``specviz.engine.cost_curve`` (median of repeats, the accelerator synchronised before each
+clock reading).
 """
 
 from __future__ import annotations
