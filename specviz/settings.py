@@ -123,6 +123,7 @@ def _setting(name: str, type_: type, default, help: str, label: str, **kwargs) -
 
 SETTINGS: tuple[Setting, ...] = (
     # ---- the target (the UI's model section) --------------------------------------------------------------
+    # the default target's one declaration: specviz.models.registry.DEFAULT_TARGET and every other default read it
     _setting("target", str, "smollm2-135m", "target model: registry name, model directory, .gguf file or hub id",
              "target model", ui="dropdown", group="model", emit="always"),
     _setting("target_forward", str, "auto",

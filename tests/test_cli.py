@@ -107,11 +107,12 @@ def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
     ("specviz.ui.examples", ["record", "--drafters", "foo"], "unknown drafter 'foo' in --drafters"),
     ("specviz.ui.examples", ["record", "--out", "{file}"], "is a file, not a folder"),
     ("specviz.training.export", ["--run", "/no/such/run", "--dest", "{tmp}/dest"], "metrics.json is missing"),
-    ("specviz.bench.draft_forward", ["--context", "-1"], "--context must be 1 or more"),
-    ("specviz.ui.perf", ["--category", "nope"], "--category 'nope' has no example prompt"),
+    ("tools.draft_forward", ["--context", "-1"], "--context must be 1 or more"),
+    ("tools.ui_perf", ["--category", "nope"], "--category 'nope' has no example prompt"),
 ])
 def test_the_documented_helper_commands_refuse_bad_input_in_one_line(module, argv, says, tmp_path, capsys):
-    """``python -m specviz.<helper>`` entry points treat errors as the CLI does: one line, exit 2, no traceback."""
+    """The helpers' entry points (``python -m specviz.<helper>``, ``python tools/<tool>.py``) treat errors as the CLI
+    does: one line, exit 2, no traceback."""
     import importlib
 
     a_file = tmp_path / "a-file"

@@ -23,6 +23,7 @@ from test_sampling_lossless import CONFIG, FAIL_P, PASS_P, Table, V, chi_square_
 from test_sampling_lossless import PROMPT as SAMPLING_PROMPT
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from specviz import resources
 from specviz.drafters import ddtree, registry
 from specviz.drafters import dflash_layouts as layouts
 from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
@@ -893,7 +894,7 @@ def test_mask_token_choice():
         mask_token_for(tiny.tiny_tokenizer())
     assert "\n" not in str(error.value)
     assert mask_token_for(tiny.tiny_tokenizer(("<empty_output>",))) == len(tiny.SPECIALS) + len(tiny.WORDS)
-    shipped = Path(__file__).resolve().parents[1] / "assets" / "models" / "smollm2-135m-draft" / "tokenizer.json"
+    shipped = resources.MODELS / "smollm2-135m-draft" / "tokenizer.json"
     if shipped.is_file():  # SmolLM2's own tokenizer, when the assets are checked out
         added = {t["id"]: t for t in json.loads(shipped.read_text())["added_tokens"]}
         assert added[SMOLLM2_MASK_TOKEN_ID]["content"] == "<empty_output>" and added[SMOLLM2_MASK_TOKEN_ID]["special"]

@@ -1,6 +1,6 @@
 """The GPU check's dry run: every step runs on the CPU at small sizes and writes the report format the GPU run writes.
 
-The real run (``python -m specviz gpu-check`` on CUDA) is the same code with larger sizes; what it adds (installs,
+The real run (``python tools/gpu/check.py`` on CUDA) is the same code with larger sizes; what it adds (installs,
 CUDA kernels) cannot run here, so its report is checked on the dry run's, field by field.
 """
 
@@ -9,14 +9,16 @@ import json
 import pytest
 import torch
 
-from specviz import cli
-from specviz.bench import attention_cost, gpu_check, gpu_report, gpu_setup, near_ties, pytest_runs, tiny_target
+from specviz.bench import attention_cost
+from tools.gpu import check as gpu_check
+from tools.gpu import installer, near_ties, pytest_runs, tiny_target
+from tools.gpu import report as gpu_report
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
-    code = cli.main(["gpu-check", "--dry-run", "--out", str(out)])
+    code = gpu_check.main(["--dry-run", "--out", str(out)])
     return code, json.loads((out / "gpu-check.json").read_text()), (out / "gpu-check.md").read_text(), out
 
 
@@ -92,7 +94,7 @@ def test_markdown_shows_failures_and_flips():
 
 def test_refuses_without_cuda(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["gpu-check", "--out", str(tmp_path)]) == 2
+    assert gpu_check.main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
@@ -104,7 +106,7 @@ def test_junit_counts_and_present_packages(tmp_path):
     assert pytest_runs.junit_counts(xml) == {"passed": 1, "failed": 1, "errors": 1, "skipped": 1,
                                              "failures": ["a::bad", "a::err"]}
     assert pytest_runs.junit_counts(tmp_path / "missing.xml")["passed"] == 0
-    (present,) = gpu_setup.ensure(["pytest"])  # installed here: no pip call
+    (present,) = installer.ensure(["pytest"])  # installed here: no pip call
     assert present["status"] == "present"
     plan = gpu_check.full_plan()  # the real run's sizes: 1..64 tokens, a 2k-token context, both dtypes' tests
     assert max(plan.widths) == 64 and 1 in plan.widths and max(plan.contexts) >= 2048
@@ -120,7 +122,7 @@ def test_junit_counts_and_present_packages(tmp_path):
     (["--shape-config", "no/such/config.json"], "--shape-config: no file at"),
 ])
 def test_bad_arguments_are_one_line(arguments, message, tmp_path, capsys):
-    assert cli.main(["gpu-check", "--dry-run", "--out", str(tmp_path / "out"), *arguments]) == 2
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path / "out"), *arguments]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
 
@@ -134,7 +136,7 @@ def test_chosen_steps_drafters_and_a_shape_only_cost_curve(tmp_path):
     LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                 num_key_value_heads=2, architectures=["LlamaForCausalLM"]).save_pretrained(shape)
     out = tmp_path / "out"
-    assert cli.main(["gpu-check", "--dry-run", "--steps", "verify_cost,speedup", "--drafters", "ngram",
+    assert gpu_check.main(["--dry-run", "--steps", "verify_cost,speedup", "--drafters", "ngram",
                      "--shape-config", str(shape / "config.json"), "--out", str(out)]) == 0
     report = json.loads((out / "gpu-check.json").read_text())
     statuses = {name: step["status"] for name, step in report["steps"].items()}

@@ -6,7 +6,6 @@ import torch
 from transformers import DynamicCache
 
 from specviz import settings
-from specviz.bench import near_ties
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.hybrid import HybridDrafter
 from specviz.drafters.ngram import NgramDrafter
@@ -15,6 +14,7 @@ from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
 from specviz.engine.verify import prefill
 from specviz.errors import SpecvizError
+from tools.gpu import near_ties
 
 VOCAB = 64
 NEW_TOKENS = 120

@@ -5,7 +5,6 @@ import tiny
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from specviz.bench.draft_forward import compare
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.lean_llama import LeanLlama, lean_forward_for
 from specviz.engine.drafter import DraftBudget
@@ -13,6 +12,7 @@ from specviz.engine.sampling import SamplingConfig
 from specviz.engine.verify import masked_forward
 from specviz.errors import SpecvizError
 from specviz.models import thin_kernel
+from tools.draft_forward import compare
 
 VOCAB = 64
 

@@ -384,7 +384,7 @@ def test_shipped_drafter_loads_and_matches_the_target_tokenizer():
 
     folder = get_entry(DEFAULT_DRAFT).resolve_path()
     files = [p for p in ASSETS_MODELS.parent.rglob("*") if p.is_file()]
-    assert sum(p.stat().st_size for p in files) <= 96 * 2**20  # all of assets/ stays within 96 MiB
+    assert sum(p.stat().st_size for p in files) <= 96 * 2**20  # all of specviz/assets/ stays within 96 MiB
     assert (folder / "README.md").is_file() and json.loads((folder / "config.json").read_text())["dtype"] == "float16"
     draft = load_model(DEFAULT_DRAFT, role="draft")
     assert draft.target == DEFAULT_TARGET and draft.dtype == torch.float32 and draft.model.config.vocab_size == 49152

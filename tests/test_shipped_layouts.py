@@ -7,11 +7,9 @@ target with tied embeddings, a reduced draft vocabulary, a carried calibration c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from specviz import api
+from specviz import api, resources
 from specviz.drafters import dflash, eagle, medusa, mtp
 from specviz.drafters.dflash_layouts import DIALECTS as BLOCK_LAYOUTS
 from specviz.drafters.eagle_layouts import DIALECTS as EAGLE_LAYOUTS
@@ -23,7 +21,7 @@ from specviz.engine.loop import GenerationConfig, generate
 from specviz.errors import SpecvizError
 
 TARGET = "smollm2-135m"
-SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "models"
+SHIPPED = resources.MODELS
 PROMPT = "Name three uses of a paperclip."
 TREE = DraftBudget(tree=True, width=3, depth=2, max_nodes=4)
 CURVE = CostCurve.from_points({1: 1.0, 2: 1.02, 4: 1.06, 8: 1.2}, "fixed (test)")  # not this machine's: repeatable

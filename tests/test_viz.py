@@ -142,7 +142,7 @@ def test_tree_figure_escapes_token_text():
 def test_tree_figure_64_nodes():
     fig = tree_figure(random_tree(64, 2))
     points = sum(len(t.x) for t in fig.data if t.name in OUTCOME_LABELS.values())
-    assert points == 65  # 64 nodes + the extra token (draw time is measured by specviz/ui/perf.py, not asserted)
+    assert points == 65  # 64 nodes + the extra token (draw time is measured by tools/ui_perf.py, not asserted)
 
 
 def test_a_crowded_tree_keeps_labels_only_where_the_target_judged():

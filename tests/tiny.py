@@ -3,7 +3,7 @@
 ``tokenizer`` / ``model`` / ``target``: in-memory targets for engine tests. ``tiny_tokenizer`` / ``save_tiny_model``: a
 tokenizer with specials and a chat template, and a model directory on disk, for loading and training tests.
 
-The GPU check (``python -m specviz gpu-check``) runs the lossless tests on another device, dtype and attention backend
+The GPU check (``python tools/gpu/check.py``) runs the lossless tests on another device, dtype and attention backend
 through ``SPECVIZ_TEST_DEVICE`` (default ``cpu``), ``SPECVIZ_TEST_DTYPE`` (default float32) and
 ``SPECVIZ_TEST_ATTENTION`` (default ``sdpa``; e.g. ``specviz_cascade``); ``model`` and ``target`` follow them.
 """
@@ -20,10 +20,10 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specviz.bench import near_ties
 from specviz.engine.target import Target
 from specviz.models import cascade_attention, fast_forward
 from specviz.models.device import choose_dtype
+from tools.gpu import near_ties
 
 DEVICE = os.environ.get("SPECVIZ_TEST_DEVICE", "cpu")
 DTYPE = choose_dtype(DEVICE, os.environ.get("SPECVIZ_TEST_DTYPE", "float32"))

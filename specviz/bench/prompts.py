@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specviz import resources
 from specviz.errors import SpecvizError
 
-#: The shipped dev set (Apache-2.0, see examples/LICENSE-spec-bench.md).
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "spec_bench_dev.jsonl"
+#: The shipped dev set (Apache-2.0, see specviz/examples/LICENSE-spec-bench.md).
+DEFAULT_PROMPTS = resources.EXAMPLES / "spec_bench_dev.jsonl"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A checkpoint is a folder with ``config.json`` and its weights, local or fetched from the hub. Weights are
 safetensors (single file, sharded index or any ``*.safetensors``); a ``.bin`` / ``.pt`` file is read only through
 ``torch.load(weights_only=True)``, which refuses pickled code. Shipped checkpoints sit at
-``assets/models/<target>-<family>``. Errors are one line naming the file.
+``specviz/assets/models/<target>-<family>``. Errors are one line naming the file.
 """
 
 from __future__ import annotations

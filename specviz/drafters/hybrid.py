@@ -8,9 +8,9 @@ committed text at its next turn, in one forward); otherwise the model drafter pr
 over their draft cost plus verify cost: ``RoundRate``). Both costs are measured once per machine and kept
 (``specviz.engine.timings``: the target's verify-cost curve, and a model round's drafting time at the run's budget,
 timed on a throwaway copy of the model drafter), never timed live, so the same seed and settings give the same
-rounds in every run. The model drafts in every round the lookup sits out, even
-where its rounds do a little worse than plain steps: skipping it there was tried and measured slower (bench run 35,
-BENCHMARKS.md), the rate being too noisy a guide at that margin.
+rounds in every run. The model drafts in every round the lookup sits out, even where its rounds do a little worse
+than plain steps: skipping it there was tried and measured slower (BENCHMARKS.md), the rate being too noisy a guide
+at that margin.
 
 A lookup costs nothing and, where text repeats (extraction, code edits, summaries quoting their source), its matches
 are long and reliable; a model drafter costs a forward per step but still guesses on new text. Serving stacks pair

@@ -4,7 +4,7 @@ Why: a draft model is small on purpose, so on a CPU its forward is dominated by 
 arithmetic. transformers' Llama goes through many small module and tensor calls per layer (separate q/k/v and
 gate/up projections, rotate-half with two slices and a concat, mask building, attention-interface lookup). This
 forward fuses q/k/v and gate/up into one matmul each and calls ``rms_norm``/``scaled_dot_product_attention``
-directly, so a small draft's step gets markedly cheaper on CPU (``python -m specviz.bench.draft_forward`` measures
+directly, so a small draft's step gets markedly cheaper on CPU (``python tools/draft_forward.py`` measures
 it; measured figures: BENCHMARKS.md).
 
 Only the configurations whose maths it reproduces are accepted (plain RoPE, SiLU MLP, no biases, no sliding

@@ -1,7 +1,8 @@
 """Short model names → where the weights live, what role they play, and which target a drafter serves.
 
 The UI offers ``drafts_for(target)`` as the drafters for a chosen target; the loader turns an entry into a
-``LoadedModel``. Shipped drafters live in ``assets/models/<name>/`` (fp16 safetensors + config + model card).
+``LoadedModel``. Shipped drafters live in the package's ``assets/models/<name>/`` (fp16 safetensors + config + model
+card; ``specviz.resources``); a relative ``location`` is read from there.
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from specviz import resources, settings
 from specviz.errors import SpecvizError
 
 Role = Literal["target", "draft"]
 
-#: Repository root (``specviz/models/registry.py`` → three levels up).
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ASSETS_MODELS = REPO_ROOT / "assets" / "models"
+ASSETS_MODELS = resources.MODELS
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class RegistryEntry:
         if self.kind == "local":
             path = Path(self.location)
             if not path.is_absolute():
-                path = REPO_ROOT / path
+                path = ASSETS_MODELS / path
             if not path.exists():
                 raise SpecvizError(f"model {self.name!r}: {path} is missing (was it trained and shipped? see "
                                    f"specviz/training)")
@@ -66,7 +66,8 @@ def embedded_package_file(package: str, filename: str) -> Path:
     raise SpecvizError(f"{filename} not found inside the installed package {package!r}: reinstall it")
 
 
-DEFAULT_TARGET = "smollm2-135m"
+#: The default target's registry name: the target setting's default, which ``specviz.settings`` declares (once).
+DEFAULT_TARGET = settings.default("target")
 DEFAULT_DRAFT = "smollm2-135m-draft"
 
 _ENTRIES: tuple[RegistryEntry, ...] = (
@@ -83,7 +84,7 @@ _ENTRIES: tuple[RegistryEntry, ...] = (
         name=DEFAULT_DRAFT,
         role="draft",
         kind="local",
-        location="assets/models/smollm2-135m-draft",
+        location="smollm2-135m-draft",
         target=DEFAULT_TARGET,
         tokenizer_from=DEFAULT_TARGET,
         description="independent 6-layer Llama drafter started from SmolLM2-135M-Instruct's first six layers and "

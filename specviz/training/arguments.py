@@ -6,12 +6,13 @@ import argparse
 from pathlib import Path
 
 from specviz.drafters import registry
-from specviz.models.registry import REPO_ROOT
+from specviz.models.registry import DEFAULT_TARGET
 from specviz.training.trainers import TRAINERS
 
 DESCRIPTION = ("specviz train <kind> --target T --data PATH... --out DIR: build shared target features, train, "
                "evaluate, export.")
-DEFAULT_CACHE = REPO_ROOT / ".cache" / "specviz"
+#: Relative to the folder training runs in, as ``--out`` is (the repository root in a checkout; git-ignored there).
+DEFAULT_CACHE = Path(".cache") / "specviz"
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +20,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     kinds = [f"{kind} (trains {family.syntax} drafters)" for kind, family in registry.trainers().items()
              if kind in TRAINERS]  # the drafter registry names each family's trainer
     parser.add_argument("kind", help=f"what to train: {', '.join(kinds)}")
-    parser.add_argument("--target", default="smollm2-135m",
+    parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="target model: registry name, directory, .gguf or hub id")
     parser.add_argument("--data", nargs="+", required=True,
                         help="training text: files, folders, globs, or 'stdlib' (the Python standard library)")
@@ -59,7 +60,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "target's shape and shares its embedding and output layer, which are not shipped)")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="start from a drafter of this family exported before (e.g. the shipped one in "
-                             "assets/models/): a later session continues training without the earlier run folder")
+                             "specviz/assets/models/): a later session continues training without the earlier run "
+                             "folder")
     parser.add_argument("--feature-layers", type=_layer_list, default=(),
                         help="more hidden_states indices to cache with the ones this family reads, e.g. "
                              "2,9,15,21,27,28,30: one slow extraction then serves every family")

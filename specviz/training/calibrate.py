@@ -33,6 +33,7 @@ from specviz.engine import metrics
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import GenerationConfig, generate
 from specviz.errors import SpecvizError
+from specviz.models.registry import DEFAULT_TARGET
 from specviz.training.prompts import file_prompts
 
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specviz.training.calibrate",
                                      description="Fit a DSpark confidence head's reliability curve under greedy "
                                                  "verification on training prompts; store it in its config.json.")
-    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--drafter", default="dspark:fixed",
                         help="a DSpark spec verifying every draft (dspark:fixed[:<dir|hub id>])")
     parser.add_argument("--prompt-file", default=str(DEFAULT_PROMPTS))

@@ -1,7 +1,8 @@
 """Ship a trained drafter: fp16 safetensors + config + tokenizer, and a model card that says how it was made.
 
-``python -m specviz.training.export --run runs/NAME --dest assets/models/NAME [--bench results.json ...]`` re-exports
-a finished run (its ``final/`` folder and ``metrics.json``), adding the τ/speedup ``specviz bench`` runs measured.
+``python -m specviz.training.export --run runs/NAME --dest specviz/assets/models/NAME [--bench results.json ...]``
+re-exports a finished run (its ``final/`` folder and ``metrics.json``), adding the τ/speedup ``specviz bench`` runs
+measured.
 """
 
 from __future__ import annotations

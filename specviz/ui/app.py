@@ -7,14 +7,13 @@ model is loaded; Run replaces it with a live run of the real model.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import gradio as gr
 
+from specviz.resources import CSS
 from specviz.ui import compare, debugger, examples, playground, runner, traces, zerogpu
 from specviz.ui.state import Session
 
-CSS = Path(__file__).resolve().parents[2] / "assets" / "css" / "specviz.css"
 #: Model-using events that may run at once (per process). 1 on ZeroGPU, where a GPU is lent per call.
 CONCURRENCY = int(os.environ.get("SPECVIZ_CONCURRENCY", "1" if zerogpu.on_zero_gpu() else "2"))
 QUEUE_SIZE = int(os.environ.get("SPECVIZ_QUEUE_SIZE", "32"))
@@ -77,7 +76,7 @@ def _calm_queue(demo: gr.Blocks) -> None:
 
     Gradio's queue loop wakes up 1000 times a second even when idle; in the process that also runs the engine
     that costs the engine the GIL and, on a busy CPU, a core: a visible share of the tokens/s on a small loaded
-    machine (specviz/ui/perf.py measures it; measured figures: BENCHMARKS.md). 20 ms only delays the start of an
+    machine (tools/ui_perf.py measures it; measured figures: BENCHMARKS.md). 20 ms only delays the start of an
     event by up to 20 ms.
     """
     queue = getattr(demo, "_queue", None)

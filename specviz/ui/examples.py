@@ -1,6 +1,6 @@
 """Shipped examples: Spec-Bench prompts for the prompt picker and recorded traces for replay.
 
-``python -m specviz.ui.examples record`` re-records ``examples/traces/`` with the real default target and every
+``python -m specviz.ui.examples record`` re-records ``specviz/examples/traces/`` with the real default target and every
 drafter this project ships for it, as a chain and as a tree where it drafts one (same runner as the UI, so the traces
 carry plain decoding measured beside each run too), and the default drafter at the default settings, which the
 Playground opens on. Each trace's header says what it drafted and the machine it ran on; its label reads them.
@@ -15,14 +15,13 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-from specviz import settings
+from specviz import resources, settings
 from specviz.engine import trace
 from specviz.errors import SpecvizError, exit_status
 from specviz.viz.record import RunRecord
 
-ROOT = Path(__file__).resolve().parents[2]
-PROMPTS = ROOT / "examples" / "prompts.jsonl"
-TRACES = ROOT / "examples" / "traces"
+PROMPTS = resources.EXAMPLES / "prompts.jsonl"
+TRACES = resources.EXAMPLES / "traces"
 DEFAULT_TRACE = "summarization-hybrid-default.jsonl"  # the default drafter and settings
 
 

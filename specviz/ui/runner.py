@@ -139,7 +139,7 @@ def target_choices() -> list[str]:
 
         return list_models(role="target")
     except ImportError:
-        return ["smollm2-135m"]
+        return [settings.default("target")]
 
 
 # ---- runs sharing the machine ---------------------------------------------------------------------------------

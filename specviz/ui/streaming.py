@@ -2,7 +2,7 @@
 
 The engine runs on the ``Producer`` thread, so redrawing never delays a round; the only cost of streaming is CPU
 time spent rendering and sending. ``watch`` keeps that small: light panels (tree, text, numbers) at most every
-``light_s``, heavy charts every ``heavy_s``, and one full render at the end (``specviz/ui/perf.py`` measures it).
+``light_s``, heavy charts every ``heavy_s``, and one full render at the end (``tools/ui_perf.py`` measures it).
 """
 
 from __future__ import annotations

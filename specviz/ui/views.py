@@ -51,7 +51,7 @@ def tokens_panel(value: str, **kwargs) -> gr.HTML:
 
 def plot(spec: dict) -> PlotData:
     """A plotly figure spec as ``gr.Plot`` data, serialised once with ``json`` (skips plotly's validation pass,
-    which costs more than building the figure; see specviz/ui/perf.py)."""
+    which costs more than building the figure; see tools/ui_perf.py)."""
     return PlotData(type="plotly", plot=json.dumps(spec))
 
 

@@ -24,13 +24,13 @@ if [ ! -f "$SITE"/.target ] && [ -f "$PARTS"/target.part1 ] && [ -f "$PARTS"/tar
     && python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PARTS/$wheel" \
     && touch "$SITE"/.target
 fi
-mkdir -p assets/models
-for folder in .gpu/p"$phase"/models/*; do [ -d "$folder" ] && cp -r "$folder" assets/models/; done
+mkdir -p specviz/assets/models
+for folder in .gpu/p"$phase"/models/*; do [ -d "$folder" ] && cp -r "$folder" specviz/assets/models/; done
 
 { nvidia-smi -L; python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__,
   torch.version.cuda, transformers.__version__, torch.cuda.get_device_name())"; ls "$SITE"; } 2>&1 | tee "$RESULTS"/env.txt
 
-check() { timeout 560 python3 -m specviz gpu-check --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS"/log.txt; }
+check() { timeout 560 python3 tools/gpu/check.py --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS"/log.txt; }
 case $phase in
   1) check --steps tests,verify_cost --workers 8 --shape-config .gpu/p1/config.json --budget-s 420 ;;
   2) check --steps speedup,near_ties --drafters hybrid,eagle3,medusa,ngram --budget-s 420 ;;

@@ -41,7 +41,7 @@ target.model.config.architectures = [type(target.model).__name__]
 target.model.config.to_json_file(sys.argv[1])
 PY
 
-cp -r assets/models/smollm2-135m-eagle3 assets/models/smollm2-135m-medusa "$OUT"/p2/models/
-cp -r assets/models/smollm2-135m-mtp assets/models/smollm2-135m-dflash assets/models/smollm2-135m-dspark \
-  "$OUT"/p3/models/
+MODELS=specviz/assets/models
+cp -r $MODELS/smollm2-135m-eagle3 $MODELS/smollm2-135m-medusa "$OUT"/p2/models/
+cp -r $MODELS/smollm2-135m-mtp $MODELS/smollm2-135m-dflash $MODELS/smollm2-135m-dspark "$OUT"/p3/models/
 du -sh "$OUT"/p1 "$OUT"/p2 "$OUT"/p3

@@ -1,4 +1,4 @@
-"""``python -m specviz.bench.exactness``: does the fast target path decode exactly what transformers decodes?
+"""``python tools/exactness.py``: does the fast target path decode exactly what transformers decodes?
 
 The fast path multiplies the same weights in another summation order, so its logits differ from transformers' in
 the last bits. Greedy output can then differ only where the top two logits are nearly tied. For each prompt this
@@ -14,11 +14,14 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout's specviz
+
 import torch
 
 from specviz import api, outputs
 from specviz.bench.prompts import DEFAULT_PROMPTS, load_prompts, select
 from specviz.errors import SpecvizError
+from specviz.models.registry import DEFAULT_TARGET
 
 
 def compare(fast: api.Target, reference: api.Target, prompt_ids: list[int], new_tokens: int) -> dict:
@@ -43,8 +46,8 @@ def compare(fast: api.Target, reference: api.Target, prompt_ids: list[int], new_
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specviz.bench.exactness", description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="smollm2-135m")
+    parser = argparse.ArgumentParser(prog="python tools/exactness.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS))
     parser.add_argument("--limit-per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)

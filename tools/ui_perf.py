@@ -1,4 +1,4 @@
-"""UI performance benchmark (a script, not a timed test): ``python -m specviz.ui.perf [--browser]``.
+"""UI performance benchmark (a script, not a timed test): ``python tools/ui_perf.py [--browser]``.
 
 Tokens/s below are the engine's decode-phase rates (new tokens ÷ Σ round wall time, from the rounds' own timings).
 
@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout's specviz
+
 from specviz.engine import trace
 from specviz.engine.round import Round, TokenChoice
 from specviz.errors import SpecvizError, exit_status
@@ -34,7 +36,7 @@ from specviz.ui.views import plot
 from specviz.viz.record import RunRecord
 from specviz.viz.tree_figure import tree_figure, tree_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root, where app.py is served from
 
 
 def random_round(nodes: int, seed: int) -> Round:
@@ -177,7 +179,7 @@ def streamed_browser(url: str, request: runner.RunRequest, browser) -> tuple[flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specviz.ui.perf", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python tools/ui_perf.py", description=__doc__.splitlines()[0])
     parser.add_argument("--category", default="summarization", help="Spec-Bench example prompt category")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="alternating headless/streamed runs")

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the repository root: tools/ lives in a checkout only
 #: module -> pip arguments that install it
 PACKAGES = {
     "pytest": ["-r", str(ROOT / "requirements-dev.txt")],

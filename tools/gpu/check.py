@@ -1,11 +1,12 @@
-"""``python -m specviz gpu-check --out DIR``: the prepared check a session runs when it is lent a GPU.
+"""``python tools/gpu/check.py --out DIR`` (from the repository root): the prepared check a session runs when it is
+lent a GPU.
 
 One command, under ten minutes on a CUDA machine with this repository and PyPI: install what is missing
-(``gpu_setup``), run the greedy and sampling lossless tests on CUDA with the cascade kernels (``pytest_runs``),
+(``installer``), run the greedy and sampling lossless tests on CUDA with the cascade kernels (``pytest_runs``),
 measure the verify-cost curve for cascade vs SDPA vs eager, chain vs tree (``attention_cost``), measure speedup vs
 plain decoding for the shipped drafters on the embedded default target in bf16 and fp32 (the benchmark's own suite),
 count near-tie flips between fp32 and bf16 greedy outputs (``near_ties``), and write ``gpu-check.json`` and
-``gpu-check.md`` (``gpu_report``). ``--dry-run`` runs the same steps on the CPU at small sizes on a tiny model built
+``gpu-check.md`` (``report``). ``--dry-run`` runs the same steps on the CPU at small sizes on a tiny model built
 in-process and writes the same report, so its format is tested without a GPU.
 
 Each step is isolated: one that fails is reported with its error and the rest still run; a step that would overrun
@@ -22,14 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: this checkout's specviz and tools
+
 import torch
 
-from specviz.bench import attention_cost, gpu_report, gpu_setup, machine, near_ties, pytest_runs, tiny_target
-from specviz.bench.pytest_runs import TestRun
+from specviz.bench import attention_cost, machine
 from specviz.engine.cost_curve import widths_up_to
-from specviz.errors import SpecvizError
+from specviz.errors import SpecvizError, exit_status
 from specviz.models import device as devices
 from specviz.models.device import CASCADE
+from tools.gpu import installer, near_ties, pytest_runs, report, tiny_target
+from tools.gpu.pytest_runs import TestRun
 
 DTYPES = (torch.bfloat16, torch.float32)  # bf16 first: the GPU default
 CUDA_ENV = {"SPECVIZ_TEST_DEVICE": "cuda"}
@@ -53,7 +57,7 @@ class Plan:
     flip_tokens: int
     budget: dict = field(default_factory=dict)
     time_budget_s: float = 570.0
-    steps: tuple[str, ...] = gpu_report.STEPS
+    steps: tuple[str, ...] = report.STEPS
     drafters: tuple[str, ...] | None = None  # None: every spec ready for the default target
     shape_config: Path | None = None  # verify cost on a random model of this config.json's shape (no weights)
 
@@ -61,7 +65,7 @@ class Plan:
 def full_plan(workers: int = 1) -> Plan:
     lossless = ("test_greedy_lossless.py", "test_sampling_lossless.py")
     return Plan(
-        device="cuda", dry_run=False, install=tuple(gpu_setup.PACKAGES),
+        device="cuda", dry_run=False, install=tuple(installer.PACKAGES),
         tests=(TestRun("cascade-maths-cuda", ("test_cascade_attention.py",), CUDA_ENV, timeout_s=120,
                        note="cascade vs masked SDPA on CUDA, every kernel there, fp32 and bf16", workers=workers),
                TestRun("lossless-cuda-cascade-fp32", lossless, {**CUDA_ENV, **CASCADE_ENV}, timeout_s=270,
@@ -85,17 +89,18 @@ def dry_plan() -> Plan:
                 flip_tokens=8, time_budget_s=600.0)
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "gpu-check", help="the prepared GPU check: lossless tests on CUDA, verify cost per attention kernel, speedup "
-                          "in bf16 and fp32, near-tie flips; one JSON and one markdown report",
-        description="Run on a CUDA machine (under 10 minutes). --dry-run runs the same steps on the CPU at small "
-                    "sizes and writes the same report format.")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python tools/gpu/check.py",
+        description="The prepared GPU check: lossless tests on CUDA, verify cost per attention kernel, speedup in bf16 "
+                    "and fp32, near-tie flips; one JSON and one markdown report. Run on a CUDA machine (under 10 "
+                    "minutes); --dry-run runs the same steps on the CPU at small sizes and writes the same report "
+                    "format.")
     parser.add_argument("--out", default="gpu-check", help="output folder for gpu-check.json and gpu-check.md")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny in-process model, small sizes")
-    parser.add_argument("--steps", default=",".join(gpu_report.STEPS),
+    parser.add_argument("--steps", default=",".join(report.STEPS),
                         help="comma-separated steps to run, in their fixed order (default: all: "
-                             f"{','.join(gpu_report.STEPS)}); a lent machine with no package index skips install")
+                             f"{','.join(report.STEPS)}); a lent machine with no package index skips install")
     parser.add_argument("--drafters", help="comma-separated drafter specs for the speedup step (default: every "
                                            "spec ready for the default target)")
     parser.add_argument("--workers", type=int, default=1,
@@ -104,15 +109,22 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--shape-config", help="measure verify cost on a randomly initialised model built from "
                                                "this config.json (the cost does not depend on the weights) instead "
                                                "of loading the default target")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the check; a bad argument or a missing CUDA device is one line and exit code 2."""
+    parser = build_parser()
+    return exit_status(lambda: run(parser.parse_args(argv)))
 
 
 def plan_for(args: argparse.Namespace) -> Plan:
     """The plan the arguments ask for; each bad argument is one line."""
     steps = tuple(name.strip() for name in args.steps.split(",") if name.strip())
-    unknown = [name for name in steps if name not in gpu_report.STEPS]
+    unknown = [name for name in steps if name not in report.STEPS]
     if unknown or not steps:
         raise SpecvizError(f"--steps: unknown step(s) {', '.join(unknown) or '(none given)'}; choose from "
-                           f"{', '.join(gpu_report.STEPS)}")
+                           f"{', '.join(report.STEPS)}")
     if args.workers < 1:
         raise SpecvizError(f"--workers must be at least 1, got {args.workers}")
     if args.budget_s is not None and not 10 <= args.budget_s <= 3600:
@@ -128,7 +140,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         if not shape_config.is_file():
             raise SpecvizError(f"--shape-config: no file at {shape_config}")
     plan = dry_plan() if args.dry_run else full_plan(args.workers)
-    return replace(plan, steps=tuple(name for name in gpu_report.STEPS if name in steps), drafters=drafters,
+    return replace(plan, steps=tuple(name for name in report.STEPS if name in steps), drafters=drafters,
                    shape_config=shape_config, time_budget_s=args.budget_s or plan.time_budget_s)
 
 
@@ -142,14 +154,14 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise SpecvizError(f"cannot create {out}: {error.strerror}") from None
-    report = check(plan, out, log=lambda line: print(line, file=sys.stderr, flush=True))
-    paths = gpu_report.write(out, report)
+    result = check(plan, out, log=lambda line: print(line, file=sys.stderr, flush=True))
+    paths = report.write(out, result)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    return 0 if report["ok"] else 1
+    return 0 if result["ok"] else 1
 
 
 def check(plan: Plan, out: Path, log: Callable[[str], None] = lambda line: None) -> dict:
-    """Every step in order, within ``plan.time_budget_s``; the report as a dict (``gpu_report`` writes it)."""
+    """Every step in order, within ``plan.time_budget_s``; the report as a dict (``report.write`` writes it)."""
     started = time.perf_counter()
     steps: dict[str, dict] = {}
 
@@ -176,7 +188,7 @@ def check(plan: Plan, out: Path, log: Callable[[str], None] = lambda line: None)
         "speedup": (60, lambda left: _speedup(plan)),
         "near_ties": (20, lambda left: _near_ties(plan)),
     }
-    for name in gpu_report.STEPS:
+    for name in report.STEPS:
         if name not in plan.steps:
             steps[name] = {"status": "not run", "seconds": 0.0, "error": "not in --steps"}
             continue
@@ -185,7 +197,7 @@ def check(plan: Plan, out: Path, log: Callable[[str], None] = lambda line: None)
     tests = steps["tests"].get("runs", [])
     ok = all(s["status"] != "failed" for s in steps.values()) and all(
         r["status"] == "passed" for r in tests if not r["name"].endswith("bf16"))
-    return {"schema": gpu_report.SCHEMA, "version": gpu_report.VERSION, "dry_run": plan.dry_run,
+    return {"schema": report.SCHEMA, "version": report.VERSION, "dry_run": plan.dry_run,
             "device": plan.device, "environment": environment(plan.device), "steps": steps,
             "targets": targets(steps.get("verify_cost", {}).get("rows", []), plan),
             "ok": ok, "wall_s": round(time.perf_counter() - started, 1)}
@@ -209,7 +221,7 @@ def environment(device: str) -> dict:
 def _install(plan: Plan) -> dict:
     if not plan.install:
         return {"status": "skipped", "packages": [], "error": "dry run: nothing installed"}
-    packages = gpu_setup.ensure(list(plan.install))
+    packages = installer.ensure(list(plan.install))
     devices.choose_cascade_kernel.cache_clear()
     return {"packages": packages}
 
@@ -357,3 +369,7 @@ def _tiny_drafter(target):
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

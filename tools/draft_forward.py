@@ -1,4 +1,4 @@
-"""``python -m specviz.bench.draft_forward``: one draft step through transformers' forward vs the lean forward
+"""``python tools/draft_forward.py``: one draft step through transformers' forward vs the lean forward
 (and, on CPU, the lean forward with int8 draft weights).
 
 The bench reports draft milliseconds per round, which mixes the forward with the drafter's bookkeeping; this
@@ -11,6 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout's specviz
 
 import torch
 
@@ -19,6 +23,7 @@ from specviz.engine import cache as kv
 from specviz.engine.cost_curve import time_forward
 from specviz.engine.verify import prefill
 from specviz.errors import SpecvizError, exit_status
+from specviz.models.registry import DEFAULT_DRAFT
 
 
 def time_step(model: torch.nn.Module, context: list[int], repeats: int) -> list[float]:
@@ -53,8 +58,8 @@ def compare(model: torch.nn.Module, context: list[int], repeats: int = 50, round
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draft", default="smollm2-135m-draft", help="registry name or model directory")
+    parser = argparse.ArgumentParser(prog="python tools/draft_forward.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="registry name or model directory")
     parser.add_argument("--context", type=int, default=300, help="cached context length in tokens")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None)
