@@ -448,7 +448,7 @@ def test_two_sessions_generate_at_once(server, browser):
     try:
         for tab, prompt in ((first, "Name three colours of the rainbow."), (second, "Count from one to five.")):
             tab.fill("prompt", prompt)
-            tab.fill("max-new-tokens", "16")
+            tab.fill("max-new-tokens", "32")  # long enough that the two runs overlap
         first.page.click("#run")
         second.page.click("#run")
         for tab in (first, second):
@@ -459,47 +459,14 @@ def test_two_sessions_generate_at_once(server, browser):
         # each measured its own plain baseline between its own rounds, and says the machine was shared
         for tab in (first, second):
             assert "2 runs shared the machine" in tab.page.inner_text("#speedup")
-        # then one alone: its speedup, stated with its spread, agrees with the bench's interleaved measurement
-        first.fill("max-new-tokens", "48")
+        # then one alone: it measures its own baseline, with its spread, and says nothing of sharing (that its figure
+        # agrees with the bench's is tested in-process: tests/test_ui.py, test_the_live_speedup_is_the_benchs)
+        first.fill("max-new-tokens", "24")
         first.page.click("#run")
         first.wait_status("Generating")  # the earlier run's "Done" must not count
         first.wait_status("Done")
         shown = first.page.inner_text("#speedup")
-        assert "shared the machine" not in shown
-        low, high = (float(x) for x in re.search(r"\(×([\d.]+)–×([\d.]+)\)", shown).groups())
-        bench = bench_speedup("Name three colours of the rainbow.", 48)
-        assert low / NOISE <= bench <= high * NOISE, (shown, bench)
+        assert "shared the machine" not in shown and re.search(r"\(×[\d.]+–×[\d.]+\)", shown), shown
     finally:
         first.close()
         second.close()
-
-
-#: the solo run's quartile spread widened by this for the comparison: the bench figure is itself one measurement
-NOISE = 1.15
-
-
-def bench_speedup(prompt: str, max_new_tokens: int, repeats: int = 3) -> float:
-    """The benchmark's measurement of the page's run in this process, with the page's defaults: plain decoding,
-    the run, plain decoding, interleaved, ``repeats`` times; the median of the run's decode-phase rate over the mean
-    of the two plain runs beside it (the page compares decode phases too). Both record rounds as the page's do."""
-    import statistics
-
-    from specviz import api
-    from specviz.ui import runner
-
-    request = runner.RunRequest(prompt=prompt, max_new_tokens=max_new_tokens).validate()
-    target, _, _ = runner.load_target(request.target)
-    drafter = api.make_drafter(request.drafter, target, request.values())
-    ids = target.encode_prompt(prompt, chat=request.chat)
-    api.warm_up(target, ids)
-
-    def decode_rate(run) -> float:
-        return len(run.token_ids) / (sum(r.total_ms for r in run.rounds) / 1e3)
-
-    plain = lambda: decode_rate(api.Generation(target, ids, request.config()).run())  # noqa: E731
-    ratios = []
-    for _ in range(repeats):
-        before = plain()
-        run = api.start(target, ids, drafter, request.budget(), request.config()).run()
-        ratios.append(decode_rate(run) / statistics.mean([before, plain()]))
-    return statistics.median(ratios)
