@@ -157,11 +157,13 @@ def header_for(run: Generation, prompt_text: str | None = None, chat: bool = Fal
 
 
 def _linear_kernels(model) -> dict:
-    """Which kernels ran the fast path's linear products (its measured choice), for the trace header."""
+    """Which backend ran the fast path's linear products, for the trace header: its declared choice
+    (``specviz.models.linear_backend``), the same at every load: ``wide`` (``thin`` or ``torch``) above
+    ``plain_rows`` rows, torch's ``F.linear`` up to them."""
     choice = getattr(model, "kernel_choice", None) or {}
     if "wide" not in choice:
         return {}
-    return {"linear_kernels": {"wide": choice["wide"], "plain_rows": choice.get("plain_rows", 0)}}
+    return {"linear_kernels": {"wide": choice["wide"], "plain_rows": choice["plain_rows"]}}
 
 
 def summary_for(run: Generation, baseline: Generation | None = None) -> dict:

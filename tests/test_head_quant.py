@@ -64,7 +64,7 @@ def test_int8_output_layer_changes_the_draft_not_the_output(setup, family, shape
 @pytest.mark.parametrize("family", list(BUILDERS))
 def test_int8_reaches_the_heads_own_layers_only_through_the_thin_kernel(setup, family, monkeypatch):
     """Every own linear layer goes int8 where the thin kernel runs (float32 activations); without it they stay
-    float32, since fbgemm would quantise their raw inputs too."""
+    float32, since dequantised int8 weights would save nothing there."""
     if thin_kernel.load() is None:
         pytest.skip(f"thin kernel unavailable: {thin_kernel.unavailable_reason()}")
     target, _ = setup
@@ -101,8 +101,10 @@ def test_int8_needs_the_packed_copy_and_says_so(setup, family):
 
 @pytest.mark.parametrize("family", list(BUILDERS))
 def test_auto_drafts_in_int8_where_it_runs(setup, family):
-    """``"auto"`` (the setting's default) is int8 for a float32 head on CPU, the same draft as asking for int8;
-    the unpacked reference path and a half-precision head keep their own weights."""
+    """``"auto"`` (the setting's default) is int8 for a float32 head on CPU where the thin kernel runs, the same draft
+    as asking for int8; the unpacked reference path and a half-precision head keep their own weights."""
+    if thin_kernel.load() is None:
+        pytest.skip(f"thin kernel unavailable (auto keeps the weights): {thin_kernel.unavailable_reason()}")
     target, _ = setup
     auto, int8 = (BUILDERS[family](target.model, draft_quant=quant) for quant in ("auto", "int8"))
     assert auto.describe()["draft_quant"] == "int8"
@@ -114,14 +116,33 @@ def test_auto_drafts_in_int8_where_it_runs(setup, family):
     assert BUILDERS[family](half.model, draft_quant="auto").describe()["draft_quant"] is None
 
 
-def test_auto_resolves_by_device_and_dtype():
-    assert resolve_draft_quant("auto", "cpu", torch.float32) == "int8"
+def test_auto_resolves_by_device_and_dtype(monkeypatch):
+    assert resolve_draft_quant("auto", "cpu", torch.float32) == ("int8" if thin_kernel.load() else "off")
     assert resolve_draft_quant("auto", "cpu", torch.bfloat16) == "off"
     assert resolve_draft_quant("auto", "cuda", torch.float32) == "off"
     assert resolve_draft_quant("off", "cpu", torch.float32) == "off"
     assert resolve_draft_quant("int8", "cuda", torch.float16) == "int8"  # refused where the weights are packed
     with pytest.raises(SpecvizError, match="draft-quant must be one of auto, off, int8, got 'int4'"):
         resolve_draft_quant("int4", "cpu", torch.float32)
+    monkeypatch.setattr(thin_kernel, "load", lambda: None)  # int8 would save nothing: auto keeps the weights
+    assert resolve_draft_quant("auto", "cpu", torch.float32) == "off"
+    assert resolve_draft_quant("int8", "cpu", torch.float32) == "int8"
+
+
+def test_int8_products_without_the_kernel_are_the_same_rounded_weights(monkeypatch):
+    """Where the thin kernel does not run, ``int8`` multiplies by the same rounded weights dequantised to float32:
+    the kernel's product to float tolerance, not the float32 weights' product."""
+    if thin_kernel.load() is None:
+        pytest.skip(f"thin kernel unavailable: {thin_kernel.unavailable_reason()}")
+    generator = torch.Generator().manual_seed(5)
+    weight, bias, x = (torch.randn(*shape, generator=generator) for shape in ((70, 48), (70,), (3, 48)))
+    kernel = quantized.int8_projection(weight, bias)(x)
+    monkeypatch.setattr(thin_kernel, "load", lambda: None)
+    torch_ = quantized.int8_projection(weight, bias)(x)
+    torch.testing.assert_close(torch_, kernel, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(torch_, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    with pytest.raises(SpecvizError, match="needs a float32 draft"):
+        quantized.int8_projection(weight.double())
 
 
 def test_int8_head_keeps_the_target_distribution():

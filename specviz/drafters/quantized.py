@@ -6,36 +6,30 @@ of the bytes, so the output-layer product gets several times cheaper (measured f
 draft changes: the target still verifies in full precision, so the output stays exactly the target's; a less
 faithful draft can only cost acceptance.
 
-Which weights: int8 (per output channel) for every projection where the thin kernel runs: its activations stay
-float32, so only the weights are rounded, and teacher-forced on the Spec-Bench dev answers the shipped draft's top-1
-agreement stays that of fp32. fbgemm quantises the activations too, with one scale per call, which the attention
-output and MLP down projections' raw, outlier-heavy inputs do not survive; there those two keep fp16-packed weights
-and the rest int8 (measured figures: BENCHMARKS.md).
+How: per-output-channel symmetric int8 weights, activations kept float32, so only the weights are rounded (teacher-
+forced on the Spec-Bench dev answers the shipped draft's top-1 agreement stays that of fp32: BENCHMARKS.md). The
+products run through specviz's thin kernel (the ``specviz::thin_linear`` operator, ``specviz.models.linear_ops``:
+int8 panels widened to float32 in registers) where it builds. Where it does not, an explicit ``"int8"`` runs the same
+rounded weights dequantised to float32 through torch's ``F.linear``: the same draft to float tolerance, without the
+saving; a drafter's own layers then stay float32 (``int8_layers_run``), since rounding them would only cost.
 
-``"auto"``, the setting's default, is int8 wherever these kernels run (a float32 draft on CPU) and the draft's own
+``"auto"``, the setting's default, is int8 where the thin kernel runs (a float32 draft on CPU) and the draft's own
 weights elsewhere (``resolve_draft_quant``); a drafter's ``describe()`` records what it resolved to.
 
 Packing happens when the drafter is built (it lengthens that step, not a run), so it is outside every timed
 generation.
-
-The products run through specviz's thin kernel (``specviz.models.thin_kernel``: the weights widened to float32 in
-registers, float32 activations) where it builds, else fbgemm's packed matmuls (``torch.ops.quantized``: int8
-activations quantised per call), which torch has marked deprecated; where neither runs the option fails with one
-line and the full-precision draft keeps working.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from specviz import settings
 from specviz.errors import SpecvizError
-from specviz.models import fast_forward, thin_kernel
+from specviz.models import fast_forward, linear_ops
 
 DRAFT_QUANT_CHOICES = settings.get("draft_quant").choices
 
@@ -51,105 +45,70 @@ def check_draft_quant(value) -> str:
 
 
 def _int8_missing(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Why int8 products (the thin kernel's or fbgemm's) cannot run for weights on ``device`` in ``dtype``; None when
-    they can."""
+    """Why int8 weights cannot be made for a draft on ``device`` in ``dtype``; None when they can."""
     device = torch.device(device)
     if device.type != "cpu":
         return f"draft-quant int8 runs on CPU only; this draft is on {device.type}"
     if dtype != torch.float32:
         return f"draft-quant int8 needs a float32 draft, this one is {dtype}"
-    engines = torch.backends.quantized.supported_engines
-    if "fbgemm" not in engines and "x86" not in engines and thin_kernel.load() is None:
-        return "draft-quant int8 needs a torch build with the fbgemm/x86 quantized engine"
     return None
 
 
 def resolve_draft_quant(value, device: torch.device | str, dtype: torch.dtype) -> str:
-    """The precision a draft on ``device`` in ``dtype`` drafts with: ``"auto"`` is int8 where int8 products
-    run (float32 on a CPU), since a draft step there is memory-bound and int8 reads a quarter of the bytes;
-    elsewhere (a GPU, half precision) the draft's own weights. Other values are returned as they are."""
+    """The precision a draft on ``device`` in ``dtype`` drafts with: ``"auto"`` is int8 where the thin kernel runs
+    int8 products (float32 on a CPU), since a draft step there is memory-bound and int8 reads a quarter of the bytes;
+    elsewhere (a GPU, half precision, no kernel) the draft's own weights. Other values are returned as they are."""
     if check_draft_quant(value) != "auto":
         return value
-    return "off" if _int8_missing(device, dtype) else "int8"
+    return "int8" if _int8_missing(device, dtype) is None and linear_ops.available() else "off"
 
 
 def check_quantizable(weight: torch.Tensor) -> None:
-    """The int8 and float16 products take float32 CPU weights only; say so in one line instead of a kernel error."""
+    """The int8 products take float32 CPU weights only; say so in one line instead of a kernel error."""
     reason = _int8_missing(weight.device, weight.dtype)
     if reason:
         raise SpecvizError(reason)
 
 
 def full_precision(weight: torch.Tensor) -> Projection:
-    """``x @ weight.T`` with the weight as it is: pre-packed (``fast_forward.packed_linear``) where it runs, else
-    ``F.linear``."""
+    """``x @ weight.T`` with the weight as it is: through the fast path's declared kernel
+    (``fast_forward.packed_linear``) where it runs, else ``F.linear``."""
     if fast_forward.available(str(weight.device), weight.dtype):
         return fast_forward.packed_linear(weight)
     return lambda x: F.linear(x, weight)
 
 
-@contextmanager
-def _packing():
-    """torch marks its quantized tensor constructors deprecated (a warning per call); turn a build that has
-    dropped them into one clear error."""
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-            yield
-    except (RuntimeError, AttributeError, NotImplementedError) as error:
-        raise SpecvizError(f"draft-quant int8 is not available in torch {torch.__version__}: "
-                           f"{str(error).splitlines()[0]}") from error
-
-
-def int8_projection(weight: torch.Tensor) -> Projection:
-    """Per-output-channel symmetric int8 weights: the thin kernel's (float32 activations) where it runs, else
-    fbgemm's dynamic linear (activations quantised per call)."""
+def int8_projection(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
+    """``x -> x @ W'.T + bias`` for ``W'``, ``weight`` rounded to int8 per output channel: through the thin kernel
+    where it runs, else dequantised to float32 for ``F.linear``. Activations stay float32 either way."""
     check_quantizable(weight)
-    if thin_kernel.load() is not None:
-        return _thin_product(weight, torch.int8)
-    with _packing():
-        scale = thin_kernel.int8_scales(weight).double()
-        zero = torch.zeros(weight.shape[0], dtype=torch.long)
-        packed = torch.ops.quantized.linear_prepack(
-            torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8), None)
-    # reduce_range keeps activations to 7 bits, which avoids int16 saturation on CPUs without VNNI
-    return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)
+    weight = weight.detach()
+    bias = None if bias is None else bias.detach().float().contiguous()
+    if linear_ops.available():
+        packed = linear_ops.pack(weight, torch.int8)
+        return lambda x: linear_ops.linear(x, packed, bias)
+    values, scale = linear_ops.int8_rounded(weight)
+    dequantised = values * scale[:, None]
+    return lambda x: F.linear(x, dequantised, bias)
 
 
 def int8_layers_run(weight: torch.Tensor) -> bool:
-    """Whether a drafter's own layers like ``weight`` can go int8 (``int8_layer``): the thin kernel runs and the
-    weight is a float32 CPU one."""
-    return thin_kernel.load() is not None and _int8_missing(weight.device, weight.dtype) is None
+    """Whether a drafter's own layers like ``weight`` go int8 (``int8_layer``): the thin kernel runs and the weight is
+    a float32 CPU one. Without the kernel int8 would save nothing there, so they keep their float32 weights."""
+    return linear_ops.available() and _int8_missing(weight.device, weight.dtype) is None
 
 
 def int8_layer(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
-    """``x -> x @ weight.T + bias`` with int8 weights through the thin kernel, activations float32: for a drafter's
-    own layers, whose inputs need not be normalised, so fbgemm's (which quantises the activations too) is not used.
-    Only where ``int8_layers_run``."""
-    return _thin_product(weight, torch.int8, bias)
-
-
-def _thin_product(weight: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None = None) -> Projection:
-    """``x -> x @ weight.T + bias`` through the thin kernel with the weight packed once in ``dtype``."""
-    thin = thin_kernel.load()
-    packed = thin.pack(weight.detach(), dtype)
-    bias = None if bias is None else bias.detach().float().contiguous()
-    return lambda x: thin.linear(x, packed, bias)
-
-
-def fp16_projection(weight: torch.Tensor) -> Projection:
-    """float16 weights, float32 activations and accumulation: the thin kernel where it runs, else fbgemm."""
-    check_quantizable(weight)
-    if thin_kernel.load() is not None:
-        return _thin_product(weight, torch.float16)
-    with _packing():
-        packed = torch.ops.quantized.linear_prepack_fp16(weight, None)
-    return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)
+    """``x -> x @ weight.T + bias`` with int8 weights, activations float32: a drafter's own layers, where
+    ``int8_layers_run``."""
+    return int8_projection(weight, bias)
 
 
 def projections(quant: str) -> tuple[Callable[[torch.Tensor], Projection], Callable[[torch.Tensor], Projection]]:
-    """(for inputs that are RMS-normalised, for raw residual-stream inputs) projection builders for ``quant``."""
+    """(for inputs that are RMS-normalised, for raw residual-stream inputs) projection builders for ``quant``: both
+    int8 with ``"int8"`` (the activations stay float32, so raw inputs lose nothing to rounding), else full
+    precision."""
     check_draft_quant(quant)
     if quant == "int8":
-        return int8_projection, int8_projection if thin_kernel.load() is not None else fp16_projection
+        return int8_projection, int8_projection
     return full_precision, full_precision

@@ -1,19 +1,20 @@
 /* y = x @ W.T + b for thin x (a few rows: a decoding step or a verify forward), CPU, float32 arithmetic.
  *
- * Built on the user's machine by specviz/models/thin_kernel.py (cc -O3 -march=native -fopenmp) and called
- * through ctypes. W is packed once into column panels: panel p holds outputs 16p .. 16p + 15 for every k, 16
- * values per k, so one panel streams from memory front to back while up to MAX_ROWS rows of x are multiplied
- * against it in registers. Up to PAIR_ROWS rows, two neighbouring panels are read side by side instead: two
- * streams in flight keep the memory busy while the rows' arithmetic runs, which one stream with a long software
- * prefetch did not (docs/bench-log/notes.md, session 19). Every output is the same sum in the same order (k
- * ascending, one fused multiply-add per k) whatever the number of rows or panels, so a row's result does not
- * depend on the rows beside it. The rows of x are interleaved first (their k-th values side by side), so a step
- * reads one cache line of x, not one per row.
+ * Built on the user's machine by specviz/models/thin_kernel.py (cc -O3 -march=native -fopenmp) and called only
+ * from the torch operator specviz::thin_linear (specviz/models/linear_ops.py), which checks every argument. W
+ * comes packed once (in torch, by linear_ops.pack) into column panels: panel p holds outputs 16p .. 16p + 15 for
+ * every k, 16 values per k, the missing outputs of the last panel zero, so one panel streams from memory front to
+ * back while up to MAX_ROWS rows of x are multiplied against it in registers. Up to PAIR_ROWS rows, two
+ * neighbouring panels are read side by side instead: two streams in flight keep the memory busy while the rows'
+ * arithmetic runs, which one stream with a long software prefetch did not (docs/bench-log/notes.md, session 19).
+ * Every output is the same sum in the same order (k ascending, one fused multiply-add per k) whatever the number
+ * of rows or panels, so a row's result does not depend on the rows beside it. The rows of x are interleaved first
+ * (their k-th values side by side), so a step reads one cache line of x, not one per row.
  *
- * Three weight formats, one kernel: float32 (the target: exact), and for drafters, whose steps are memory-bound
- * and need not be exact, float16 (half the bytes) and int8 with one float32 scale per output (a quarter). The
- * narrow weights are widened to float32 in registers and the rows of x stay float32; an int8 product is scaled
- * per output once, after the sum.
+ * Two weight formats, one kernel: float32 (the target: exact), and for drafters, whose steps are memory-bound
+ * and need not be exact, int8 with one float32 scale per output (a quarter of the bytes). The int8 weights are
+ * widened to float32 in registers and the rows of x stay float32; an int8 product is scaled per output once,
+ * after the sum.
  *
  * Vectors are the machine's own width (16 floats with AVX-512, 8 with AVX2: a panel row is then two registers),
  * so the accumulators stay in registers on both.
@@ -27,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "the thin kernel needs AVX2, FMA and F16C"
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the thin kernel needs AVX2 and FMA"
 #endif
 
 #define PANEL 16
@@ -37,14 +38,12 @@
 #define MAX_ROWS 16 /* 16 accumulators: a verify of up to 16 rows reads a panel once */
 #define PAIR_ROWS 12 /* up to 12 rows read two panels at once: two streams in flight, one broadcast of x per pair */
 #define LOAD_F32(p) (*(const vec *)(p))
-#define LOAD_F16(p) ((vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))))
 #define LOAD_I8(p) ((vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))))
 #else
 #define LANES 8     /* a panel row is two AVX2 registers */
 #define MAX_ROWS 4  /* 8 accumulators */
 #define PAIR_ROWS 2 /* 8 accumulators over two panels */
 #define LOAD_F32(p) (*(const vec *)(p))
-#define LOAD_F16(p) ((vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
 #define LOAD_I8(p) ((vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))))
 #endif
 #define SLICES (PANEL / LANES)
@@ -58,26 +57,7 @@ int thin_max_rows(void) { return MAX_ROWS; }
 
 int thin_pair_rows(void) { return PAIR_ROWS; }
 
-long thin_packed_values(long n, long k) { return (n + PANEL - 1) / PANEL * PANEL * k; }
-
-/* w: [n, k] row-major values of `size` bytes -> out: thin_packed_values(n, k) of them, the missing outputs of
- * the last panel zero. */
-void thin_pack(const void *restrict w, void *restrict out, long n, long k, long size) {
-    long panels = (n + PANEL - 1) / PANEL;
-    const char *from = w;
-    char *to = out;
-    #pragma omp parallel for schedule(static)
-    for (long p = 0; p < panels; p++)
-        for (long kk = 0; kk < k; kk++)
-            for (long j = 0; j < PANEL; j++) {
-                long row = p * PANEL + j;
-                char *slot = to + ((p * k + kk) * PANEL + j) * size;
-                if (row < n)
-                    memcpy(slot, from + (row * k + kk) * size, size);
-                else
-                    memset(slot, 0, size);
-            }
-}
+int thin_panel(void) { return PANEL; }
 
 typedef void (*kernel_fn)(const float *, const void *, float *, long, long, long, const float *, const float *);
 
@@ -148,7 +128,6 @@ typedef void (*kernel_fn)(const float *, const void *, float *, long, long, long
 #endif
 
 FORMAT(f32, float, LOAD_F32)
-FORMAT(f16, uint16_t, LOAD_F16)
 FORMAT(i8, int8_t, LOAD_I8)
 
 /* x's rows in blocks of up to MAX_ROWS (the blocks the kernels read), each block interleaved: its rows' k-th values
@@ -196,14 +175,10 @@ static void run(const kernel_fn *one, const kernel_fn *two, long size, const flo
         free(x);
 }
 
-/* x: [m, k] float32; packed: thin_pack of W [n, k] (float32, float16 or int8); scale: [n] for int8 W, else
+/* x: [m, k] float32; packed: W [n, k] in panels (float32 or int8); scale: [n] for int8 W, else
  * NULL; bias: [n] or NULL; y: [m, n] float32. All contiguous. */
 void thin_linear(const float *x, const float *packed, const float *bias, float *y, long m, long n, long k) {
     run(f32_one, f32_two, sizeof(float), x, packed, 0, bias, y, m, n, k);
-}
-
-void thin_linear_f16(const float *x, const uint16_t *packed, const float *bias, float *y, long m, long n, long k) {
-    run(f16_one, f16_two, sizeof(uint16_t), x, packed, 0, bias, y, m, n, k);
 }
 
 void thin_linear_i8(const float *x, const int8_t *packed, const float *scale, const float *bias, float *y, long m,

@@ -1,20 +1,22 @@
-"""A matrix product for thin inputs (1 to a few dozen rows), built for this machine on first use.
+"""The thin kernel's shared library: a matrix product for thin inputs (1 to a few dozen rows), built for this
+machine on first use. Torch code reaches it only through the operator ``specviz::thin_linear``
+(``specviz.models.linear_ops``), which checks its arguments and is what the profiler and ``torch.compile`` see.
 
 A target forward in speculative decoding multiplies each weight matrix by 1 (a plain step) to k + 1 or a tree's
-width (a verify) rows. On CPUs the library kernels are tuned for square-ish products: MKL's ``F.linear`` is fast for
-one to three rows and slows steeply after; oneDNN's pre-packed kernel is flat but pays a fixed overhead per call
-(BENCHMARKS.md, "Verify cost"). ``thin_kernel.c`` streams each weight matrix once, in 16-output panels, while every
-row of the input is multiplied against it in registers, so a product's cost stays near the time it takes to read
-the weights until the rows' arithmetic overtakes it. Each output is the same sum in the same order for any number
-of rows, so a verify forward's linear products give each token's row bit for bit as a one-token step's do (its
-logits still differ in the last bits: attention and the norms see other shapes; docs/bench-log/notes.md).
+width (a verify) rows. On CPUs the library kernels are tuned for square-ish products and their cost grows with the
+number of rows (BENCHMARKS.md, "Verify cost"). ``thin_kernel.c`` streams each weight matrix once, in 16-output
+panels, while every row of the input is multiplied against it in registers, so a product's cost stays near the time
+it takes to read the weights until the rows' arithmetic overtakes it. Each output is the same sum in the same order
+for any number of rows, so a verify forward's linear products give each token's row bit for bit as a one-token
+step's do (its logits still differ in the last bits: attention and the norms see other shapes;
+docs/bench-log/notes.md).
 
 The C source ships with specviz and is compiled on first use with the machine's C compiler (``cc``, or ``$CC``),
 ``-O3 -march=native -fopenmp``, into ``~/.cache/specviz/kernels`` (``SPECVIZ_KERNEL_DIR``), keyed by the source, the
-flags and the compiler. It runs where it can share torch's threads: Linux on x86-64 with AVX2, FMA and F16C, a torch on
+flags and the compiler. It runs where it can share torch's threads: Linux on x86-64 with AVX2 and FMA, a torch on
 GNU OpenMP (its libgomp loaded, which the library then uses too). Anywhere else, or with no compiler, or with
-``SPECVIZ_THIN_KERNEL=0``, ``load`` returns None with the reason (``unavailable_reason``) and the fast path keeps
-oneDNN's packed kernel. A leaf module: it imports nothing of specviz but its errors.
+``SPECVIZ_THIN_KERNEL=0``, ``load`` returns None with the reason (``unavailable_reason``) and every product runs
+through torch's own ``F.linear``. A leaf module: it imports nothing of specviz.
 """
 
 from __future__ import annotations
@@ -26,95 +28,45 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from specviz.errors import SpecvizError
-
 SOURCE = Path(__file__).with_name("thin_kernel.c")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC")
-#: Set to 0 to keep the library kernels (oneDNN's packed product for wide products).
+#: Set to 0 to run every linear product through torch's own ``F.linear``.
 DISABLE_ENV = "SPECVIZ_THIN_KERNEL"
 #: Where the compiled library is kept (default ``~/.cache/specviz/kernels``).
 DIR_ENV = "SPECVIZ_KERNEL_DIR"
+#: Outputs per panel of the packed weight layout (``linear_ops.pack``); the library says the same (checked at load).
+PANEL = 16
+
+
+class ThinKernel:
+    """The loaded library: its products by weight dtype (float32, int8) and its register-block sizes. Called only
+    by ``specviz::thin_linear``, which checks the arguments these raw pointers cannot."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path):
+        self.path = path
+        pointer, size = ctypes.c_void_p, ctypes.c_long
+        #: weight dtype -> product(x, packed, [scale,] bias, out, rows, outputs, inputs)
+        self.products = {torch.float32: library.thin_linear, torch.int8: library.thin_linear_i8}
+        for dtype, product in self.products.items():
+            product.argtypes = [pointer] * (5 if dtype == torch.int8 else 4) + [size, size, size]
+            product.restype = None
+        self.max_rows = int(library.thin_max_rows())  # rows multiplied against a panel in one pass
+        self.pair_rows = int(library.thin_pair_rows())  # up to this many rows, two panels are read at once
+        if int(library.thin_panel()) != PANEL:
+            raise AttributeError(f"its panel holds {library.thin_panel()} outputs, not {PANEL}")
+
 
 _loaded: ThinKernel | None = None
 _reason: str | None = None
 
 
-class ThinKernel:
-    """The compiled library: ``pack`` a weight once (float32, or for drafters float16 or int8), then ``linear`` any
-    number of rows against it."""
-
-    def __init__(self, library: ctypes.CDLL, path: Path):
-        self.path = path
-        pointer, size = ctypes.c_void_p, ctypes.c_long
-        self._pack = library.thin_pack
-        self._pack.argtypes = [pointer, pointer, size, size, size]
-        self._pack.restype = None
-        self._products = {torch.float32: library.thin_linear, torch.float16: library.thin_linear_f16,
-                          torch.int8: library.thin_linear_i8}
-        for dtype, product in self._products.items():
-            product.argtypes = [pointer] * (5 if dtype == torch.int8 else 4) + [size, size, size]
-            product.restype = None
-        library.thin_packed_values.argtypes = [size, size]
-        library.thin_packed_values.restype = size
-        self._packed_values = library.thin_packed_values
-        self.max_rows = int(library.thin_max_rows())  # rows multiplied against a panel in one pass
-        self.pair_rows = int(library.thin_pair_rows())  # up to this many rows, two panels are read at once
-
-    def pack(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight:
-        """``weight`` [n, k] float32 -> the panel layout ``linear`` reads, in ``dtype``: float32 (the same values),
-        float16 (rounded to nearest) or int8 (symmetric, one float32 scale per output: ``max |w| / 127``)."""
-        if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
-            raise SpecvizError(f"the thin kernel packs 2-D float32 CPU weights, got {weight.dtype} "
-                               f"{tuple(weight.shape)} on {weight.device}")
-        if dtype not in self._products:
-            raise SpecvizError(f"the thin kernel packs float32, float16 or int8 weights, not {dtype}")
-        weight = weight.detach()
-        scale = None
-        if dtype == torch.int8:
-            scale = int8_scales(weight).contiguous()
-            weight = torch.round(weight / scale[:, None]).clamp(-127, 127)
-        values = weight.to(dtype).contiguous()
-        n, k = values.shape
-        packed = torch.empty(self._packed_values(n, k), dtype=dtype)
-        self._pack(values.data_ptr(), packed.data_ptr(), n, k, values.element_size())
-        return PackedWeight(packed, scale, n)
-
-    def linear(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ W.T + bias`` for ``x`` [..., k] float32, with ``weight = pack(W)``."""
-        k = x.shape[-1]
-        rows = x.reshape(-1, k)
-        if rows.dtype != torch.float32 or not rows.is_contiguous():
-            rows = rows.float().contiguous()
-        out = torch.empty(rows.shape[0], weight.out_features, dtype=torch.float32)
-        scale = () if weight.scale is None else (weight.scale.data_ptr(),)
-        self._products[weight.values.dtype](rows.data_ptr(), weight.values.data_ptr(), *scale,
-                                            None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                            rows.shape[0], weight.out_features, k)
-        return out.reshape(*x.shape[:-1], weight.out_features)
-
-
-def int8_scales(weight: torch.Tensor) -> torch.Tensor:
-    """Symmetric per-output int8 scales of a [n, k] weight: ``max |w| / 127`` per row (never zero)."""
-    return weight.abs().amax(dim=1).clamp_min(1e-12) / 127
-
-
-@dataclass(frozen=True)
-class PackedWeight:
-    """A weight in the kernel's panel layout: its values (float32, float16 or int8), the int8 scales, its rows."""
-
-    values: torch.Tensor
-    scale: torch.Tensor | None
-    out_features: int
-
-
 def load() -> ThinKernel | None:
     """The kernel, compiled on first use (cached on disk), or None where it cannot run here (``unavailable_reason``
-    says why). Never raises: a missing compiler or a failed build keeps the library kernels."""
+    says why). Never raises: a missing compiler or a failed build leaves torch's own kernels."""
     global _loaded, _reason
     if _loaded is None and _reason is None:
         try:
@@ -139,8 +91,8 @@ def _build_and_load() -> ThinKernel:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise _Unavailable(f"built for Linux on x86-64 only, this is {platform.system()} on {platform.machine()}")
     flags = _cpu_flags()
-    if not {"avx2", "fma", "f16c"} <= flags:
-        raise _Unavailable("this CPU has no AVX2/FMA/F16C")
+    if not {"avx2", "fma"} <= flags:
+        raise _Unavailable("this CPU has no AVX2/FMA")
     if not _torch_uses_gnu_openmp():
         raise _Unavailable("torch does not run on GNU OpenMP here, so the kernel could not share its threads")
     compiler = shutil.which(os.environ.get("CC", "cc"))
