@@ -156,7 +156,7 @@ def test_verify_rounds_with_rejections_and_rollback(arch, forward, dtype):
     vocab, generator = 64, torch.Generator().manual_seed(3)
     if forward == "fast" and not ON_CPU:
         pytest.skip("the fast forward runs on the CPU only")
-    if forward == "fast" and not fast_forward.available("cpu", dtype):  # oneDNN's bf16 path needs AVX-512 / NE-CONVERT
+    if forward == "fast" and not fast_forward.available("cpu", dtype):  # the fast path runs float32 and bfloat16 on CPU
         pytest.skip(f"the fast forward does not run in {dtype} on this CPU")
     net = tiny.model(arch, vocab, layers=2, dtype=dtype, scale=4)
     model = fast_copy(net) if forward == "fast" else net

@@ -85,16 +85,16 @@ def _resolve(args: argparse.Namespace) -> None:
         registry.check_ready(spec, args.values["target"], where=" in --drafters")
 
 
-#: The verify-cost curve's name for the fast path on oneDNN's packed product, measured beside the thin kernel's.
-ONEDNN_PATH = "fast-onednn"
+#: The verify-cost curve's name for the fast path on torch's own linear kernel, measured beside the thin kernel's.
+TORCH_PATH = "fast-torch"
 
 
 def _library_path(target: Target, reference: Target) -> dict[str, Target]:
-    """Where the fast path runs the thin kernel, the same path on oneDNN's packed product (its kernel choice measured
-    as for any fast copy), so one run gives both curves; else nothing."""
+    """Where the fast path runs the thin kernel, the same path on torch's own linear kernel (the other declared
+    backend), so one run gives both curves; else nothing."""
     if reference is target or (getattr(target.model, "kernel_choice", None) or {}).get("wide") != "thin":
         return {}
-    return {ONEDNN_PATH: dataclasses.replace(target, model=fast_forward.fast_copy(reference.model, thin=False))}
+    return {TORCH_PATH: dataclasses.replace(target, model=fast_forward.fast_copy(reference.model, thin=False))}
 
 
 def _command(args: argparse.Namespace) -> str:

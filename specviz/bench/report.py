@@ -164,16 +164,10 @@ def verify_cost_section(cost: dict) -> list[str]:
             about += f" Past w ≈ {crossover:.1f} compute, not memory, bounds a forward."
     choice = cost.get("kernel_choice") or {}
     if "plain_rows" in choice:
-        rows_ms = "; ".join(f"{r} row{'s' if int(r) > 1 else ''} {pair[0]:.1f} / {pair[1]:.1f} ms"
-                            for r, pair in choice.get("ms", {}).items())
-        wide = {"thin": "the thin kernel", "onednn": "packed oneDNN"}.get(choice.get("wide"), "packed")
+        wide = {"thin": "the thin kernel", "torch": "torch's F.linear"}.get(choice.get("wide"), str(choice.get("wide")))
         chosen = (f"F.linear for products of ≤ {choice['plain_rows']} rows, {wide} above" if choice["plain_rows"]
                   else f"{wide} for every product")
-        about += (f" The fast path's kernel choice, measured at load over all its linear layers ({wide} / "
-                  f"F.linear: {rows_ms}): {chosen}.")
-        if choice.get("wide_ms"):
-            about += (" Timed before it, the thin kernel / oneDNN's packed product: " + "; ".join(
-                f"{r} rows {pair[0]:.1f} / {pair[1]:.1f} ms" for r, pair in choice["wide_ms"].items()) + ".")
+        about += f" The fast path's linear backend, declared for this device and dtype: {chosen}."
         if choice.get("thin_unavailable"):
             about += f" The thin kernel did not run here: {choice['thin_unavailable']}."
     return ["## Target forward cost by verify width", "",

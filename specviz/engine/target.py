@@ -26,8 +26,8 @@ class Target:
 
     ``model`` must accept ``input_ids``, ``position_ids``, ``attention_mask`` (4D additive for trees) and ``cache``.
     ``forward`` says how it runs: ``hf`` (transformers' own forward, ``DynamicCache``) or ``fast`` (the same modeling
-    code with pre-packed linear kernels, ``specviz.models.fast_forward``, and a preallocated KV cache whose
-    rollback is a length change).
+    code with its linear products through the declared backend, ``specviz.models.fast_forward``, and a preallocated
+    KV cache whose rollback is a length change).
     """
 
     model: torch.nn.Module

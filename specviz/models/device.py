@@ -130,6 +130,6 @@ def choose_target_forward(requested: str | None, device: str, dtype: torch.dtype
         raise SpecvizError(f"target-forward must be one of {', '.join(TARGET_FORWARDS)}, got {requested!r}")
     runs = fast_forward.available(device, dtype)
     if requested == "fast" and not runs:
-        raise SpecvizError(f"the fast target forward runs on CPU in float32 (bfloat16 where oneDNN has a bfloat16 "
-                           f"path for the CPU) with oneDNN; not on {device} in {dtype}: use --target-forward hf")
+        raise SpecvizError(f"the fast target forward runs on CPU in float32 or bfloat16; not on {device} in {dtype}: "
+                           f"use --target-forward hf")
     return "fast" if requested == "fast" or (requested == "auto" and runs) else "hf"
