@@ -6,7 +6,6 @@ its own browser session), with a tiny random target registered under the name ``
 
 from __future__ import annotations
 
-import copy
 import socket
 import time
 from html import unescape
@@ -16,7 +15,8 @@ import pytest
 from specviz import api
 from specviz import settings as declared_settings
 from specviz.ui import runner
-from specviz.ui.state import Producer, Session, apply
+from specviz.ui.controller import Producer, apply
+from specviz.ui.state import Session
 from specviz.viz.record import RunRecord
 from tests import tiny
 
@@ -41,16 +41,22 @@ def request(prompt=PROMPT_A, **kwargs) -> runner.RunRequest:
 
 
 def run_record(session: Session, req: runner.RunRequest) -> RunRecord:
-    record = RunRecord(header={})
-    session.start(record, lambda: runner.stream(req)).thread.join(60)
-    return record
+    live = session.runs.start(req)
+    live.join(60)
+    return live.record
 
 
-def test_session_deepcopy_is_fresh():
-    base = Session()
-    base.record = RunRecord(header={"x": 1})
-    copied = copy.deepcopy(base)
-    assert copied is not base and copied.record is None and copied.id != base.id
+def test_each_browser_session_gets_its_own_session_and_closes_it():
+    """The app's gr.State makes a Session per browser session (its value is the class, which Gradio calls for each)
+    and closes it when Gradio deletes the state; ``demo.unload`` closes it as soon as the visitor leaves."""
+    import gradio as gr
+
+    from specviz.ui.app import build_app
+
+    demo = build_app()
+    states = [block for block in demo.blocks.values() if isinstance(block, gr.State)]
+    assert len(states) == 1 and states[0].value is Session and states[0].delete_callback == Session.close
+    assert any(target[1] == "unload" for dep in demo.config["dependencies"] for target in dep["targets"])
 
 
 def test_stream_produces_rounds_and_summary(tiny_targets):
@@ -69,11 +75,11 @@ def test_stream_produces_rounds_and_summary(tiny_targets):
 
 def test_two_sessions_at_once_keep_their_own_rounds(tiny_targets):
     first, second = Session(), Session()
-    rec_a, rec_b = RunRecord(header={}), RunRecord(header={})
-    pa = first.start(rec_a, lambda: runner.stream(request(PROMPT_A, target="tiny-slow", max_new_tokens=16)))
-    pb = second.start(rec_b, lambda: runner.stream(request(PROMPT_B, target="tiny-slow", max_new_tokens=16)))
-    pa.thread.join(60)
-    pb.thread.join(60)
+    pa = first.runs.start(request(PROMPT_A, target="tiny-slow", max_new_tokens=16))
+    pb = second.runs.start(request(PROMPT_B, target="tiny-slow", max_new_tokens=16))
+    pa.join(60)
+    pb.join(60)
+    rec_a, rec_b = pa.record, pb.record
     assert rec_a.header["prompt"]["text"] == PROMPT_A and rec_b.header["prompt"]["text"] == PROMPT_B
     target = tiny_targets[0]
     for rec, prompt in ((rec_a, PROMPT_A), (rec_b, PROMPT_B)):
@@ -86,14 +92,12 @@ def test_a_run_beside_another_says_so_and_measures_its_own_baseline(tiny_targets
     """Each run's plain baseline is timed between its own rounds; one that ran while another was running says that
     two runs shared the machine, and a run alone afterwards says nothing of the kind."""
     long_session, short_session = Session(), Session()
-    long_record = RunRecord(header={})
-    long_run = long_session.start(long_record, lambda: runner.stream(request(target="tiny-slow", max_new_tokens=400)))
+    long_run = long_session.runs.start(request(target="tiny-slow", max_new_tokens=400))
     deadline = time.time() + 30
-    while len(long_record.rounds) < 2 and time.time() < deadline:
+    while len(long_run.record.rounds) < 2 and time.time() < deadline:
         time.sleep(0.01)
     beside = run_record(short_session, request(PROMPT_B, max_new_tokens=12))
-    assert long_session.stop() is True
-    long_run.thread.join(30)
+    assert long_session.runs.stop() is long_run and not long_run.alive
     assert beside.beside["runs_sharing"] == 2 and "2 runs shared the machine" in beside.baseline()[1]
     alone = run_record(Session(), request(PROMPT_B, max_new_tokens=12))
     assert alone.beside["runs_sharing"] == 1 and "shared" not in alone.baseline()[1]
@@ -134,35 +138,34 @@ def test_the_live_speedup_is_the_benchs():
 
 def test_stop_keeps_rounds_so_far(tiny_targets):
     session = Session()
-    record = RunRecord(header={})
-    producer = session.start(record, lambda: runner.stream(request(target="tiny-slow", max_new_tokens=400)))
+    live = session.runs.start(request(target="tiny-slow", max_new_tokens=400))
+    record = live.record
     deadline = time.time() + 30
     while len(record.rounds) < 3 and time.time() < deadline:
         time.sleep(0.01)
-    assert session.stop() is True
-    assert not producer.alive and producer.error is None
-    assert 3 <= len(record.rounds) and record.new_tokens < 400 and not record.finished
+    assert session.runs.stop() is live
+    assert not live.alive and live.error is None and live.outcome == "stopped"
+    assert 3 <= len(record.rounds) and record.new_tokens < 400 and record.stop_reason == "stopped"
 
 
 def test_a_run_whose_tab_went_away_stops(tiny_targets):
     """Gradio stops iterating the Run callback of a closed or reloaded tab; its engine thread must then stop too,
     not generate on to max-new-tokens outside the queue's concurrency limit (reloading the page once left one
-    such thread per reload on the server)."""
+    such thread per reload on the server). The app's ``demo.unload`` hands the leaving session to ``Visitors``."""
     from specviz.ui import streaming
+    from specviz.ui.state import Visitors
 
-    session = Session()
-    record = RunRecord(header={})
-    producer = session.start(record, lambda: runner.stream(request(target="tiny-slow", max_new_tokens=400)))
-    producer.orphan_s = 0.5
-    for _ in streaming.watch(producer, session, light_s=0.01):  # the callback follows the run for a while...
-        if len(record.rounds) >= 2:
+    visitors, session = Visitors(), Session()
+    visitors.arrive("tab-1", session)
+    live = session.runs.start(request(target="tiny-slow", max_new_tokens=400))
+    for _ in streaming.watch(live, light_s=0.01):  # the callback follows the run for a while...
+        if len(live.record.rounds) >= 2:
             break  # ...then its tab goes away: nobody resumes it
-    producer.thread.join(30)
-    assert not producer.alive and producer.error is None
-    assert 2 <= len(record.rounds) and record.new_tokens < 400 and not record.finished
-    unwatched = session.start(RunRecord(header={}), lambda: runner.stream(request(max_new_tokens=24)))
-    unwatched.orphan_s = 0.0  # never watched (a test, a script): runs to its end
-    unwatched.thread.join(30)
+    visitors.leave("tab-1")
+    assert not live.alive and live.error is None and live.outcome == "closed" and len(visitors) == 0
+    assert 2 <= len(live.record.rounds) and live.record.new_tokens < 400 and live.record.stop_reason == "stopped"
+    unwatched = Session().runs.start(request(max_new_tokens=24))  # never watched (a test, a script): runs to its end
+    unwatched.join(30)
     assert unwatched.record.finished and unwatched.record.new_tokens == 24
 
 
@@ -171,16 +174,15 @@ def test_errors_are_one_line(tiny_targets):
         request(prompt="  ")
     with pytest.raises(Exception, match="unknown drafter"):
         request(drafter="hydra")
-    record = RunRecord(header={})
-    producer = Producer(record, lambda: runner.stream(request(target="no-such-model")))
-    producer.thread.join(30)
-    assert "unknown model 'no-such-model'" in str(producer.error)
+    live = Session().runs.start(request(target="no-such-model"))
+    live.join(30)
+    assert live.outcome == "failed" and "unknown model 'no-such-model'" in str(live.error)
 
 
 def test_model_allowlist_error_surfaces(tiny_targets, monkeypatch):
     monkeypatch.setenv("SPECVIZ_MODEL_ALLOWLIST", "smollm2-135m")
     producer = Producer(RunRecord(header={}), lambda: runner.stream(request(target="someone/some-model")))
-    producer.thread.join(30)
+    producer.join(30)
     assert "is not allowed here" in str(producer.error) and "\n" not in str(producer.error)
 
 
@@ -466,8 +468,9 @@ def test_compare_pickers_open_on_each_runs_most_instructive_round(callbacks):
     """Each Chain vs Tree side has a round picker. Once the comparison is over it opens on the run's most
     instructive round (``RunRecord.showcase_index``: most accepted tokens, the earliest of equals), not the last one
     the stream ended on (often a one-token stub); a side a newer comparison is streaming into stays locked."""
-    from types import SimpleNamespace
+    import threading
 
+    from specviz.ui.controller import RunController
     from tests.test_viz import make_round
 
     def run(paths: list[list[int]]) -> RunRecord:
@@ -490,8 +493,18 @@ def test_compare_pickers_open_on_each_runs_most_instructive_round(callbacks):
     picked = {c.elem_id: value for c, value in callbacks["compare_pick_tree"].fn(session, 3).items()}
     assert "<b>round 3 of 4</b>" in picked["compare-tree-round-info"]
     assert 'sv-sel" data-round="3"' in picked["compare-tree-tokens"]
-    session.producer = SimpleNamespace(alive=True, record=session.tree)  # a newer comparison streams the tree
-    shown = {c.elem_id: value for c, value in callbacks["compare_rounds"].fn(session).items()}
+    release = threading.Event()
+
+    def streaming(request):  # a run that streams until released
+        release.wait(30)
+        yield from ()
+
+    session.runs = RunController(stream=streaming)
+    session.tree = session.runs.start(runner.RunRequest(prompt="x"), owner="compare", name="tree").record
+    try:  # a newer comparison streams the tree
+        shown = {c.elem_id: value for c, value in callbacks["compare_rounds"].fn(session).items()}
+    finally:
+        release.set()
     assert shown["compare-tree-round"]["interactive"] is False and "compare-tree-tokens" not in shown
     assert shown["compare-chain-round"]["value"] == 1
 

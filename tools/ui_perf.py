@@ -31,7 +31,7 @@ from specviz.engine import trace
 from specviz.engine.round import Round, TokenChoice
 from specviz.errors import SpecvizError, exit_status
 from specviz.ui import examples, runner
-from specviz.ui.state import Producer
+from specviz.ui.controller import Producer
 from specviz.ui.views import plot
 from specviz.viz.record import RunRecord
 from specviz.viz.tree_figure import tree_figure, tree_spec

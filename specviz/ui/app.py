@@ -1,4 +1,4 @@
-"""The Gradio app: four tabs over one per-session ``Session``; ``launch`` adds the queue, CSS and Spaces bits.
+"""The Gradio app: four tabs over one ``Session`` per visitor; ``launch`` adds the stylesheet and Spaces bits.
 
 On page load the Playground and the Traces tab show a recorded example run, so the page teaches before any
 model is loaded; Run replaces it with a live run of the real model.
@@ -12,12 +12,11 @@ import gradio as gr
 
 from specviz.resources import CSS
 from specviz.ui import compare, debugger, examples, playground, runner, traces, zerogpu
-from specviz.ui.state import Session
+from specviz.ui.state import Session, Visitors
 
 #: Model-using events that may run at once (per process). 1 on ZeroGPU, where a GPU is lent per call.
 CONCURRENCY = int(os.environ.get("SPECVIZ_CONCURRENCY", "1" if zerogpu.on_zero_gpu() else "2"))
 QUEUE_SIZE = int(os.environ.get("SPECVIZ_QUEUE_SIZE", "32"))
-QUEUE_POLL_S = 0.02
 
 #: On a phone the multi-panel figures (the charts, the confidence panel's block and reliability diagram) keep a
 #: legible width and scroll sideways in their box: squeezed to the screen their titles printed over each other and
@@ -38,8 +37,11 @@ decoding of the same model on this machine."""
 
 
 def build_app() -> gr.Blocks:
+    visitors = Visitors()
     with gr.Blocks(title="specviz: speculative decoding, round by round", fill_width=True) as demo:
-        session = gr.State(Session())  # deep-copied per browser session (a fresh Session each)
+        # a Session per browser session: Gradio calls the class for each; it is closed (its run stopped, its trace
+        # files deleted) when the visitor leaves (``on_unload``) and again when Gradio deletes the state
+        session = gr.State(Session, delete_callback=Session.close)
         gr.Markdown(HEADER, elem_id="header")
         download = gr.DownloadButton("Download trace (.jsonl)", value=None, interactive=False,
                                      elem_id="trace-download", render=False)
@@ -55,36 +57,24 @@ def build_app() -> gr.Blocks:
         debug_tab.select(debug["on_source"], [session, debug["source"]], debug["outputs"], queue=False)
         traces_tab.select(replay["on_which"], [session, replay["which"]], download, queue=False)
 
-        def on_load(state: Session):
-            if not examples.trace_choices():
-                return {}
-            example = examples.DEFAULT_TRACE if (examples.TRACES / examples.DEFAULT_TRACE).is_file() else \
-                examples.trace_choices()[0][1]
+        def on_load(state: Session, request: gr.Request) -> dict:
+            """Show the recorded example, and register the session: writing it back to the ``gr.State`` is what
+            lets Gradio call its delete callback."""
+            visitors.arrive(request.session_hash, state)
+            example = examples.default_choice()
+            if example is None:
+                return {session: state}
             state.record = examples.load_trace(example)
             updates = page.view.render(state.record, status=playground.INTRO, index=state.record.showcase_index())
-            updates.update(replay["show"](state, examples.load_trace(example)))
-            return updates
+            return {session: state, **updates, **replay["show"](state, examples.load_trace(example))}
 
-        demo.load(on_load, [session], [*page.view.outputs, *replay["view"].outputs], queue=False)
+        def on_unload(request: gr.Request) -> None:
+            visitors.leave(request.session_hash)
+
+        demo.load(on_load, [session], [session, *page.view.outputs, *replay["view"].outputs], queue=False)
+        demo.unload(on_unload)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
-    _calm_queue(demo)
     return demo
-
-
-def _calm_queue(demo: gr.Blocks) -> None:
-    """Poll Gradio's queue every 20 ms instead of every 1 ms.
-
-    Gradio's queue loop wakes up 1000 times a second even when idle; in the process that also runs the engine
-    that costs the engine the GIL and, on a busy CPU, a core: a visible share of the tokens/s on a small loaded
-    machine (tools/ui_perf.py measures it; measured figures: BENCHMARKS.md). 20 ms only delays the start of an
-    event by up to 20 ms.
-    """
-    queue = getattr(demo, "_queue", None)
-    if queue is not None:
-        if hasattr(queue, "sleep_when_free"):
-            queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_S)
-        if hasattr(queue, "progress_update_sleep_when_free"):
-            queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)
 
 
 def launch(demo: gr.Blocks | None = None, **kwargs) -> gr.Blocks:

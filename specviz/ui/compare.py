@@ -8,14 +8,15 @@ rounds), optionally plus a full plain run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import gradio as gr
 
 from specviz.drafters import registry
 from specviz.errors import SpecvizError
-from specviz.ui import alerts, runner, settings, streaming
-from specviz.ui.state import Session, one_line
+from specviz.ui import alerts, controller, runner, settings, streaming
+from specviz.ui.state import Session
 from specviz.ui.views import plot, root_text, tokens_panel
 from specviz.viz import panels
 from specviz.viz.record import RunRecord
@@ -144,97 +145,118 @@ def build(session: gr.State, panel: settings.Settings) -> dict:
             chain = Column.build("chain")
         with gr.Column():
             tree = Column.build("tree")
+    calls = Callbacks(status, verdict, {"chain": chain, "tree": tree})
     outputs = [status, verdict, chain.tree, chain.tokens, chain.stats, tree.tree, tree.tokens, tree.stats]
+    pickers = [widget for column in calls.columns.values() for widget in column.picker]
+    # "multiple": a second click restarts the comparison with the current settings instead of being dropped
+    event = run_btn.click(calls.run, [session, full_plain, *drafters, *panel.inputs], outputs, concurrency_id="model",
+                          show_progress="hidden", api_name="compare", trigger_mode="multiple")
+    # the pickers stay out of /compare's outputs (its API returns the streamed view); they open when it is over
+    run_btn.click(calls.lock_rounds, None, [w for c in calls.columns.values() for w in (c.round_slider, c.round_info)],
+                  queue=False, show_progress="hidden", api_visibility="private")
+    event.then(calls.open_rounds, [session], pickers, queue=False, show_progress="hidden", api_name="compare_rounds")
+    stop_btn.click(calls.stop, [session], [status], cancels=[event], queue=False, api_name="compare_stop").then(
+        calls.open_rounds, [session], pickers, queue=False, show_progress="hidden", api_visibility="private")
+    for name, column in calls.columns.items():
+        column.round_slider.input(calls.picker(name), [session, column.round_slider],
+                                  [column.round_info, column.tree, column.tokens], trigger_mode="always_last",
+                                  show_progress="hidden", queue=False, api_name=f"compare_pick_{name}")
+    return {"event": event}
 
-    def run(state: Session, plain: bool, chain_drafter: str, tree_drafter: str, *values):
+
+@dataclass
+class Callbacks:
+    """Chain vs Tree's event handlers: two runs through the session's ``RunController``, one after the other."""
+
+    status: gr.HTML
+    verdict: gr.HTML
+    columns: dict[str, Column]
+
+    def run(self, state: Session, plain: bool, chain_drafter: str, tree_drafter: str, *values):
         try:
             base = settings.request(*values)
             requests = side_requests(base, chain_drafter, tree_drafter)
         except SpecvizError as error:  # the status line says it too: the last comparison's "Done" must not stay
-            yield {status: panels.status_html(f"The comparison did not start: {error}", "error")}
+            yield {self.status: panels.status_html(f"The comparison did not start: {error}", "error")}
             raise alerts.error(str(error)) from None
         state.chain = state.tree = None
         # the status too: a restarted comparison must not go on saying the last one's "Done" while it loads
-        yield {status: panels.status_html(f"chain: starting ({requests['chain'].drafter})…"),
-               **chain.render(None), **tree.render(None), verdict: verdict_html(None, None)}
+        yield {self.status: panels.status_html(f"chain: starting ({requests['chain'].drafter})…"),
+               **self._render(None, None), self.verdict: verdict_html(None, None)}
         records = {}
-        for name, column in (("chain", chain), ("tree", tree)):
-            request = requests[name]
-            record = RunRecord(header={}, source="live", name=name)
-            records[name] = record
-            setattr(state, name, record)
-            producer = state.start(record, lambda request=request: runner.stream(request))
-            for _ in streaming.watch(producer, state):
-                message = f"{name}: " + streaming.live_status(producer, request, record)
-                yield {status: panels.status_html(message), **column.render(record, running=True)}
-            if streaming.superseded(producer, state):
-                if getattr(state, name) is record:  # the Playground took the engine: say so, or this stays "Generating"
-                    yield {status: panels.status_html(f"{name}: " + streaming.replaced_status(record), "warning"),
-                           **column.render(record)}
-                return  # a newer Chain vs Tree run draws this tab now
-            if producer.error is not None:
-                message = one_line(producer.error)
-                yield {status: panels.status_html(f"{name}: stopped by an error: {message}", "error")}
-                raise alerts.error(message)
-            if record.summary is None or state.stopped.is_set():  # stopped (maybe just as this run finished)
-                if record.summary is None:
-                    record.stop_reason = "stopped"
-                    record.summary = record.trace_summary()
-                yield {status: panels.status_html(f"Stopped during the {name} run.", "warning"),
-                       **column.render(record)}
+        for name in self.columns:
+            records[name] = yield from self._side(state, name, requests[name])
+            if records[name] is None:
                 return
-            yield column.render(record)
         if plain:
-            yield {status: panels.status_html("Plain decoding of the same prompt, in full…")}
-            try:
-                measured = runner.plain_run(replace(base, tree=False))
-            except Exception as error:
-                message = one_line(error)
-                yield {status: panels.status_html(f"Plain decoding failed: {message}", "error")}
-                raise alerts.error(message) from None
-            for record in records.values():
-                record.plain = measured
-        same = requests["chain"].drafter == requests["tree"].drafter
-        what = ("same prompt, seed, target and drafter" if same else
-                f"same prompt, seed and target; chain {requests['chain'].drafter} vs tree {requests['tree'].drafter}")
-        yield {status: panels.status_html(f"Done: {what}.", "ok"),
-               verdict: verdict_html(records["chain"], records["tree"]),
-               **chain.render(records["chain"]), **tree.render(records["tree"])}
+            yield from self._plain(list(records.values()), replace(base, tree=False))
+        chain, tree = requests["chain"].drafter, requests["tree"].drafter
+        what = ("same prompt, seed, target and drafter" if chain == tree else
+                f"same prompt, seed and target; chain {chain} vs tree {tree}")
+        yield {self.status: panels.status_html(f"Done: {what}.", "ok"), **self._render(*records.values()),
+               self.verdict: verdict_html(*records.values())}
 
-    def stop(state: Session):
-        state.stop()
-        return {status: panels.status_html("Stopped.", "warning")}
+    def stop(self, state: Session) -> dict:
+        state.runs.stop()
+        return {self.status: panels.status_html("Stopped.", "warning")}
 
-    columns = {"chain": chain, "tree": tree}
+    def lock_rounds(self) -> dict:
+        return {update: value for column in self.columns.values() for update, value in column.locked().items()}
 
-    def lock_rounds() -> dict:
-        return {update: value for column in columns.values() for update, value in column.locked().items()}
-
-    def open_rounds(state: Session) -> dict:
+    def open_rounds(self, state: Session) -> dict:
         """Each side's picker on its run's most instructive round once the comparison is over; a side that a newer
         comparison is streaming into keeps following its newest round."""
-        live = state.producer.record if state.busy and state.producer is not None else None
+        running = state.runs.running
+        live = running.record if running is not None else None
         updates: dict = {}
-        for name, column in columns.items():
+        for name, column in self.columns.items():
             record = getattr(state, name)
             updates.update(column.locked() if record is not None and record is live else column.opened(record))
         return updates
 
-    pickers = [widget for column in columns.values() for widget in column.picker]
-    # "multiple": a second click restarts the comparison with the current settings instead of being dropped
-    event = run_btn.click(run, [session, full_plain, *drafters, *panel.inputs], outputs, concurrency_id="model",
-                          show_progress="hidden", api_name="compare", trigger_mode="multiple")
-    # the pickers stay out of /compare's outputs (its API returns the streamed view); they open when it is over
-    run_btn.click(lock_rounds, None, [w for c in columns.values() for w in (c.round_slider, c.round_info)],
-                  queue=False, show_progress="hidden", api_visibility="private")
-    event.then(open_rounds, [session], pickers, queue=False, show_progress="hidden", api_name="compare_rounds")
-    stop_btn.click(stop, [session], [status], cancels=[event], queue=False, api_name="compare_stop").then(
-        open_rounds, [session], pickers, queue=False, show_progress="hidden", api_visibility="private")
-    for name, column in columns.items():
-        def pick(state: Session, index: float | None, name: str = name, column: Column = column) -> dict:
-            return column.pick(getattr(state, name), index)
+    def picker(self, name: str) -> Callable[[Session, float | None], dict]:
+        """The ``name`` side's round picker: that round of the side's run."""
+        def pick(state: Session, index: float | None) -> dict:
+            return self.columns[name].pick(getattr(state, name), index)
+        return pick
 
-        column.round_slider.input(pick, [session, column.round_slider], [column.round_info, column.tree, column.tokens],
-                                  trigger_mode="always_last", show_progress="hidden", queue=False,
-                                  api_name=f"compare_pick_{name}")
-    return {"event": event}
+    def _side(self, state: Session, name: str, request: runner.RunRequest):
+        """Run and draw one side; returns (``yield from``) its record when it finished, None when it ended the
+        comparison early (Stop, an error, another run)."""
+        column = self.columns[name]
+        live = state.runs.start(request, owner=controller.COMPARE, name=name)
+        setattr(state, name, live.record)
+        for _ in streaming.watch(live):
+            yield {self.status: panels.status_html(f"{name}: " + streaming.live_status(live)),
+                   **column.render(live.record, running=True)}
+        if live.outcome == controller.FINISHED:
+            yield column.render(live.record)
+            return live.record
+        if live.outcome == controller.REPLACED:
+            if live.replaced_by.owner != live.owner:  # the Playground took the engine: say so (not "Generating")
+                yield {self.status: panels.status_html(f"{name}: " + streaming.replaced_status(live.record),
+                                                       "warning"), **column.render(live.record)}
+            return None  # else a newer Chain vs Tree run draws this tab now
+        if live.error is not None:
+            message = streaming.one_line(live.error)
+            yield {self.status: panels.status_html(f"{name}: stopped by an error: {message}", "error")}
+            raise alerts.error(message)
+        # stopped (maybe just as the run finished), or the visitor left
+        yield {self.status: panels.status_html(f"Stopped during the {name} run.", "warning"),
+               **column.render(live.record)}
+        return None
+
+    def _plain(self, records: list[RunRecord], request: runner.RunRequest):
+        """The full plain run of the same prompt, for both sides."""
+        yield {self.status: panels.status_html("Plain decoding of the same prompt, in full…")}
+        try:
+            measured = runner.plain_run(request)
+        except Exception as error:
+            message = streaming.one_line(error)
+            yield {self.status: panels.status_html(f"Plain decoding failed: {message}", "error")}
+            raise alerts.error(message) from None
+        for record in records:
+            record.plain = measured
+
+    def _render(self, chain: RunRecord | None, tree: RunRecord | None) -> dict:
+        return {**self.columns["chain"].render(chain), **self.columns["tree"].render(tree)}

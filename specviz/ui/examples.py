@@ -84,6 +84,15 @@ def trace_choices() -> list[tuple[str, str]]:
     return out
 
 
+def default_choice() -> str | None:
+    """The example the page opens on: the default drafter's at the default settings, else the first shipped one
+    (None when none is shipped)."""
+    if (TRACES / DEFAULT_TRACE).is_file():
+        return DEFAULT_TRACE
+    choices = trace_choices()
+    return choices[0][1] if choices else None
+
+
 def load_trace(name: str) -> RunRecord:
     """A shipped trace as a fresh record (parsed per call: records are per-session, mutable objects)."""
     path = TRACES / Path(name).name
@@ -97,7 +106,7 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
     from specviz.bench import machine
     from specviz.drafters import registry
     from specviz.ui import runner
-    from specviz.ui.state import apply
+    from specviz.ui.controller import apply
 
     by_category = {row["category"]: row for row in prompts()}
     target = settings.default("target")

@@ -26,15 +26,16 @@ _ACTIVE_RUNS = 0  # generations running in this process now (a second visitor's 
 
 
 class _Request:
-    """Every setting of one run, checked before any model loads. Plain data so it can cross processes.
+    """Every setting of one run. Plain, frozen data, so it can cross processes (ZeroGPU) and compare equal.
 
     The fields are the prompt, the drafter spec and every declared run setting (``specviz.settings``), with the
-    declared defaults; ``validate`` checks them once (with the UI's ranges) and keeps the checked values.
+    declared defaults. ``validate`` checks them before any model loads and returns the request with the checked
+    values (in their declared types); ``values`` checks them again where they are read (microseconds).
     """
 
     def values(self) -> settings.Values:
-        """The run settings, checked (once per request)."""
-        return self.validate().__dict__["_checked"]
+        """The run settings, checked with the UI's ranges."""
+        return settings.validate({s.name: getattr(self, s.name) for s in settings.SETTINGS}, ui=True)
 
     def budget(self) -> api.DraftBudget:
         return api.budget_for(self.values())
@@ -45,21 +46,16 @@ class _Request:
     def validate(self):
         """This request with its settings checked (converted to their declared types where needed); a one-line
         ``SpecvizError`` for anything wrong that does not need a model to know."""
-        if "_checked" in self.__dict__:
-            return self
         if not self.prompt or not self.prompt.strip():
             raise SpecvizError("the prompt is empty")
         if not self.target or not self.target.strip():
             raise SpecvizError("choose a target model")
         registry.check_ready(self.drafter, self.target.strip())
-        checked = settings.validate({s.name: getattr(self, s.name) for s in settings.SETTINGS}, ui=True)
+        checked = self.values()
         # the checked values in their declared types (a number box's 4.0 is k = 4)
         changed = {name: value for name, value in checked.items()
                    if type(getattr(self, name)) is not type(value) or getattr(self, name) != value}
-        result = replace(self, **changed) if changed else self
-        for request in {id(self): self, id(result): result}.values():
-            object.__setattr__(request, "_checked", checked)
-        return result
+        return replace(self, **changed) if changed else self
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

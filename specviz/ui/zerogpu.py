@@ -39,7 +39,7 @@ def gpu(function: F) -> F:
 
 
 def on_zero_gpu() -> bool:
-    """True on a ZeroGPU Space, where a generator cannot be kept alive between clicks (see ``Session.step``)."""
+    """True on a ZeroGPU Space, where a generator cannot be held between clicks (``controller.SteppedRun``)."""
     return spaces is not None and os.environ.get("SPACES_ZERO_GPU", "").lower() in {"1", "true"}
 
 

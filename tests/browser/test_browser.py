@@ -444,6 +444,8 @@ def test_a_phone_keeps_the_figures_legible(server, browser):
 
 
 def test_two_sessions_generate_at_once(server, browser):
+    """Two visitors' runs at once each see their own prompt and say they shared the machine; a visitor who closes
+    their tab mid-run leaves nothing running, so a run after it says nothing of sharing."""
     first, second = Page(browser, server), Page(browser, server)
     try:
         for tab, prompt in ((first, "Name three colours of the rainbow."), (second, "Count from one to five.")):
@@ -459,6 +461,14 @@ def test_two_sessions_generate_at_once(server, browser):
         # each measured its own plain baseline between its own rounds, and says the machine was shared
         for tab in (first, second):
             assert "2 runs shared the machine" in tab.page.inner_text("#speedup")
+        # a visitor who leaves mid-run: the server stops their run at once (``demo.unload``), so it shares nothing
+        # with the run below
+        leaving = Page(browser, server)
+        leaving.fill("max-new-tokens", "400")
+        leaving.page.click("#run")
+        leaving.wait_status("Generating")
+        leaving.close()
+        time.sleep(2)
         # then one alone: it measures its own baseline, with its spread, and says nothing of sharing (that its figure
         # agrees with the bench's is tested in-process: tests/test_ui.py, test_the_live_speedup_is_the_benchs)
         first.fill("max-new-tokens", "24")
