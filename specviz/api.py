@@ -25,6 +25,7 @@ from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
+from specviz.engine.verifier import Verifier
 from specviz.errors import SpecvizError
 
 __all__ = [
@@ -106,9 +107,11 @@ def start(
     config: GenerationConfig | None = None,
     *,
     chat: bool | None = None,
+    verifier: Verifier | None = None,
 ) -> Generation:
     """A generation ready to iterate (one ``Round`` per step); ``drafter=None`` is plain decoding. A missing budget,
-    config or ``chat`` (for a text prompt) takes the declared defaults (``specviz.settings``)."""
+    config or ``chat`` (for a text prompt) takes the declared defaults (``specviz.settings``); a missing verifier,
+    the target's model in this process."""
     if isinstance(drafter, str):
         raise SpecvizError(f"start needs a Drafter (api.make_drafter(spec, target)) or None for plain decoding, not "
                            f"{drafter!r}")
@@ -116,7 +119,8 @@ def start(
     chat = defaults["chat"] if chat is None else chat
     prompt_ids = _checked_ids(prompt, target.vocab_size) if isinstance(prompt, list) else \
         target.encode_prompt(prompt, chat=chat)
-    return Generation(target, prompt_ids, config or config_for(defaults), drafter, budget or budget_for(defaults))
+    return Generation(target, prompt_ids, config or config_for(defaults), drafter, budget or budget_for(defaults),
+                      verifier)
 
 
 def warm_up(target: Target, prompt_ids: list[int]) -> None:
