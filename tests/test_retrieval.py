@@ -219,3 +219,27 @@ def test_the_debugger_says_where_a_retrieved_node_came_from(target):
     assert "retrieval found the context's last 2 tokens (“w9␣w8”) 2 times in its stores" in text
     assert "2 of the 2 occurrences" in text and "answer 1 of this session 1×, answer 2 of this session 1×" in text
     assert "product of each step" in text
+
+
+def test_the_bench_gives_each_prompt_the_other_prompts_answers(target):
+    from specviz.bench.configs import build_specs
+    from specviz.bench.prompts import BenchPrompt
+    from specviz.bench.suite import run_suite
+
+    prompts = [BenchPrompt(str(i), "writing", text) for i, text in enumerate(["w1 w2 w3", "w4 w5 w1", "w2 w2 w6"])]
+    drafter = RetrievalDrafter()
+    seen = []
+    propose = drafter.propose
+
+    def watched(*args):
+        index = drafter.memory.index()
+        seen.append(index.labels if index is not None else [])  # empty in the warm-up run
+        return propose(*args)
+    drafter.propose = watched
+    specs = build_specs(["retrieval"], ["chain"], DraftBudget(k=3), hf=False)
+    assert "never the prompt's own" in specs[0].note
+    config = GenerationConfig(max_new_tokens=6)
+    suite = run_suite(target, prompts, specs, {"retrieval": drafter}, config, chat=False)
+    assert all(s.result.token_ids == s.reference for s in suite.samples)  # exact
+    labels = {tuple(labels) for labels in seen[-3:]}  # the last prompt's rounds: the first two prompts' answers
+    assert labels == {("the answer to #0 (writing)", "the answer to #1 (writing)")}
