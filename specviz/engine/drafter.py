@@ -116,6 +116,10 @@ class Drafter(ABC):
     ) -> DraftTree:
         """Draft continuations of ``context`` (every committed token so far)."""
 
+    def observe_side(self, tree: DraftTree, logits: torch.Tensor) -> None:
+        """The target's logits of the whole verify forward of a ``tree`` that carried side rows (``DraftTree.side``):
+        row 0 after the committed text, rows 1 … n after the draft's nodes, then one row per side node."""
+
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         """Called after each round with the new context and the accepted node indices (to update caches)."""
 

@@ -160,8 +160,8 @@ class Generation:
         t1 = clock()
         pending = len(context) - 1  # the position of the last committed token, verified as row 0
         before = context[-PIECE_CONTEXT:]
-        scored = self.verifier.verify(tree, context[-1], pending)
-        logits = scored.logits
+        scored = self.verifier.verify(tree.with_side(), context[-1], pending)
+        logits = scored.logits[: len(tree) + 1]
         t2 = clock()
         p_target = None if config.sampling.greedy else probabilities(logits, config.sampling)
         acceptance = accept(tree, logits, config.sampling, self._generator, p_target)
@@ -172,6 +172,9 @@ class Generation:
         self.new_tokens.extend(committed)
         t3 = clock()
         if drafter is not None:
+            if tree.side:  # rows verified beside the draft, never accepted: the drafter reads their logits
+                tree.meta["side_rows"] = len(tree.side)
+                drafter.observe_side(tree, scored.logits)
             if layers:  # the pending token's row, then the accepted nodes that were committed (EOS may cut them)
                 path = acceptance.path[: len(committed)]
                 drafter.observe(scored.features(layers, pending, [0, *(i + 1 for i in path)]))
