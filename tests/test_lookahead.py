@@ -127,3 +127,20 @@ def test_the_window_meta_carries_texts(target):
     tree = drafter.propose(PROMPT, DraftBudget(k=2), SamplingConfig(), torch.Generator())
     meta = tree.meta["lookahead"]
     assert meta["texts"][0] == [target.piece(t) for t in meta["levels"][0]] and meta["pool"] > 0
+
+
+def test_the_app_draws_the_window_and_explains_pool_drafts(target):
+    from specviz.viz.debugger import why_proposed
+    from specviz.viz.lookahead import window_spec
+
+    run = generate(target, PROMPT, GenerationConfig(max_new_tokens=16), api.make_drafter("lookahead", target),
+                   DraftBudget(k=3))
+    spec = window_spec(run.rounds[-1])
+    cells = spec["data"][0]
+    assert len(cells["x"]) == 3 + 4 and sorted(set(cells["y"])) == [0, 1]  # level 0: W - 1 guesses, level 1: W
+    assert min(x for x, y in zip(cells["x"], cells["y"]) if y == 0) == 1  # level 0 starts right after the root
+    assert "W=4, N=3" in spec["layout"]["title"]["text"]
+    drafted = next(r for r in run.rounds if r.tokens)
+    assert "lookahead's n-gram pool held" in why_proposed(drafted, 0)
+    plain_round = plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=2)).rounds[0]
+    assert window_spec(plain_round) is None

@@ -497,6 +497,8 @@ def why_proposed(round_: Round, index: int, *, context: Sequence[str] | None = N
         reasons.append(_lookup_reason(round_, index, lookup, context, prompt_tokens))
     elif isinstance(retrieved, dict):
         reasons.append(_retrieval_reason(round_, retrieved))
+    elif isinstance(_at(round_.meta.get("pool_origin"), index), str):
+        reasons.append(_pool_reason(round_, index, _at(round_.meta.get("pool_origin"), index)))
     elif isinstance(block, dict):
         reasons.append(_block_reason(round_, index, block))
     elif round_.q_draft is not None:
@@ -548,6 +550,15 @@ def _retrieval_reason(round_: Round, node: dict) -> str:
     return (f"retrieval found {matched} {match.get('occurrences', '?')} times in its stores; {node.get('count', '?')} "
             f"of the {node.get('of', '?')} occurrences that reached this node's parent went on with this token"
             + (f" (from {where})" if where else ""))
+
+
+def _pool_reason(round_: Round, index: int, origin: str) -> str:
+    """Lookahead's node: an n-gram of its pool that starts with the last committed token."""
+    window = round_.meta.get("lookahead") if isinstance(round_.meta.get("lookahead"), dict) else {}
+    held = window.get("candidates")
+    return (f"lookahead's n-gram pool held {held if isinstance(held, int) else 'some'} n-gram"
+            f"{'' if held == 1 else 's'} starting with the last committed token; this node is token "
+            f"{round_.depth[index]} of one of them, harvested from {escape(origin)}")
 
 
 def _block_reason(round_: Round, index: int, block: dict) -> str:
