@@ -144,3 +144,17 @@ def test_the_app_draws_the_window_and_explains_pool_drafts(target):
     assert "lookahead's n-gram pool held" in why_proposed(drafted, 0)
     plain_round = plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=2)).rounds[0]
     assert window_spec(plain_round) is None
+
+
+def test_the_targets_cache_has_room_for_the_window(target):
+    """The last round of a run still verifies the whole window: the cache is sized for the declared side rows."""
+    config = GenerationConfig(max_new_tokens=12)
+    drafter = LookaheadDrafter(8, 4, 8)
+    run = generate(target, PROMPT, config, drafter, DraftBudget(k=1))
+    assert len(run.token_ids) == 12 and run.rounds[-1].verified >= 1 + drafter.window_rows
+    class Sneaky(LookaheadDrafter):
+        side_room = 2  # declares less than its window adds
+
+    sneaky = Sneaky(4, 3, 4)
+    with pytest.raises(SpecvizError, match="added 3 side rows to the verify forward, more than the 2 it declared"):
+        generate(target, PROMPT, config, sneaky, DraftBudget(k=1))

@@ -98,6 +98,10 @@ class LookaheadDrafter(Drafter):
         """Side rows a steady-state round verifies: level 0's W - 1 guesses and W per later level."""
         return self.window - 1 + (self.ngram - 2) * self.window
 
+    @property
+    def side_room(self) -> int:
+        return self.window_rows
+
     def begin(self, prompt_ids: list[int], max_new_tokens: int | None = None,
               budget: DraftBudget | None = None) -> None:
         rng = random.Random(self.seed)

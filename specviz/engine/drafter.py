@@ -97,6 +97,9 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
+    #: The most side rows (``DraftTree.side``) one of its rounds adds to the verify forward: the target's cache is
+    #: sized for them.
+    side_room: int = 0
     #: Target hidden states this drafter reads, as Hugging Face ``hidden_states`` indices (0 = embedding output,
     #: i = output of decoder layer i - 1, L = after the final norm); empty: none, and none are captured.
     feature_layers: tuple[int, ...] = ()

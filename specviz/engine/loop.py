@@ -86,7 +86,8 @@ class Generation:
         if prompt + config.max_new_tokens > limit:  # drafts never reach past the last new token (budget.capped)
             raise SpecvizError(f"max-new-tokens {config.max_new_tokens} overflows the {limit}-token context window; "
                                f"at most {limit - prompt} fit after this prompt")
-        widest = self.budget.widest if drafter else 0  # draft nodes one verify forward adds past the committed text
+        # draft nodes (and side rows) one verify forward adds past the committed text
+        widest = self.budget.widest + drafter.side_room if drafter else 0
         self._layers = tuple(drafter.feature_layers) if drafter is not None else ()
         self.verifier = verifier or LocalVerifier(target)
         self.verifier.reserve(prompt + config.max_new_tokens + widest, self._layers)
@@ -157,6 +158,9 @@ class Generation:
             tree = drafter.propose(context, budget, config.sampling, self._generator)
             tree.validate_against_vocab(self.target.vocab_size)
             budget.check_fits(tree, drafter.name)
+            if tree.side and len(tree.side) > drafter.side_room:
+                raise SpecvizError(f"drafter {drafter.name} added {len(tree.side)} side rows to the verify forward, "
+                                   f"more than the {drafter.side_room} it declared")
         t1 = clock()
         pending = len(context) - 1  # the position of the last committed token, verified as row 0
         before = context[-PIECE_CONTEXT:]
