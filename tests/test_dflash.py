@@ -246,7 +246,7 @@ def test_a_drafter_without_the_features_it_needs_fails_in_one_line(setup):
     targets, _, models = setup
     drafter = DFlashDrafter(models["dflash"], VOCAB)
     drafter.begin(PROMPT)
-    with pytest.raises(SpecvizError, match="every position before the anchor") as error:
+    with pytest.raises(SpecvizError, match="has target features up to position -1, it needs") as error:
         drafter.propose(PROMPT, DraftBudget(k=2), CONFIG, torch.Generator())
     assert "\n" not in str(error.value)
 
@@ -532,8 +532,8 @@ class Experienced(DSparkDrafter):
     ĉ is about 1.0 or 0.62 (its first 0.58): raw, the schedule verifies 2 after the first and 1 after the second;
     recalibrated, the other way round."""
 
-    def begin(self, prompt_ids):
-        super().begin(prompt_ids)
+    def reset(self, prompt_ids):
+        super().reset(prompt_ids)
         bins = self.calibration.bins
         self.calibration.trials = [200] * bins
         self.calibration.hits = [round(200 * (b + 0.5) / bins) for b in range(bins)]

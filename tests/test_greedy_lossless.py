@@ -106,8 +106,8 @@ def test_cache_matches_fresh_prefill_after_every_round(setup, budget):
 
         fresh = DynamicCache(config=target.model.config)
         prefill(target.model, fresh, context[:-1])
-        assert run.cache.get_seq_length() == len(context) - 1
-        for ours, theirs in zip(run.cache.layers, fresh.layers):
+        assert run.verifier.cache.get_seq_length() == len(context) - 1
+        for ours, theirs in zip(run.verifier.cache.layers, fresh.layers):
             torch.testing.assert_close(ours.keys, theirs.keys, **tiny.TOLERANCE[tiny.DTYPE])
             torch.testing.assert_close(ours.values, theirs.values, **tiny.TOLERANCE[tiny.DTYPE])
 

@@ -59,6 +59,14 @@ def ngram_size(spec: str) -> int:
     return _ngram_size(registry.parse(spec)[1])
 
 
+def _note(drafter: str) -> str:
+    """What a row's report should say about how it ran beyond its name."""
+    if registry.family_of(drafter).name == "retrieval":
+        return ("its session memory holds the answers of every other prompt of this run (plain decoding with this "
+                "run's settings, untimed), never the prompt's own, as in an app session of those requests")
+    return ""
+
+
 def build_specs(
     drafters: list[str], shapes: list[str], budget: DraftBudget, *, hf: bool, hf_defaults: bool = False,
     draft_vocab: int = 0, draft_quants: tuple[str, ...] | Mapping[str, tuple[str, ...]] = ("off",),
@@ -80,7 +88,7 @@ def build_specs(
             for shape in shapes:
                 budgets = [replace(chain, k=k) for k in chain_ks or (chain.k,)] if shape == "chain" else [tree]
                 specs += [RunSpec(f"{drafter} {shaped.describe()}{suffix}", "specviz", drafter, shape, shaped,
-                                  draft_quant=quant) for shaped in budgets]
+                                  draft_quant=quant, note=_note(drafter)) for shaped in budgets]
     if not hf:
         return specs
     specs.append(RunSpec("hf generate (plain)", "hf", None, PLAIN, note="transformers generate, greedy/sampled"))

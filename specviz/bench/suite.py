@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from specviz.bench.configs import RunSpec
 from specviz.bench.prompts import BenchPrompt
 from specviz.bench.runners import RunResult, run_hf, run_specviz
+from specviz.drafters.retrieval import RetrievalDrafter
+from specviz.drafters.suffix_store import SessionMemory
 from specviz.engine.drafter import Drafter
 from specviz.engine.loop import GenerationConfig
 from specviz.engine.target import Target
@@ -63,6 +65,21 @@ def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter], ref
     return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
 
 
+def session_memories(target: Target, prompts: list[BenchPrompt], encoded: list[list[int]],
+                     config: GenerationConfig) -> list[SessionMemory]:
+    """Per prompt, a retrieval drafter's session memory: the answers of every other prompt (plain decoding with the
+    run's settings, untimed), never its own, as an app session that asked those questions before would hold."""
+    answers = [run_specviz(target, ids, config).token_ids for ids in encoded]
+    memories = []
+    for index in range(len(prompts)):
+        memory = SessionMemory()
+        for other, (prompt, answer) in enumerate(zip(prompts, answers)):
+            if other != index:
+                memory.add(answer, label=f"the answer to #{prompt.question_id} ({prompt.category})")
+        memories.append(memory)
+    return memories
+
+
 def _check_lengths(target: Target, prompts: list[BenchPrompt], encoded: list[list[int]],
                    config: GenerationConfig) -> None:
     """Refuse up front a prompt that cannot fit the context window, rather than after minutes of runs (the engine's
@@ -92,6 +109,8 @@ def run_suite(
     encoded = [target.encode_prompt(p.text, chat=chat) for p in prompts]  # fails early on a bad prompt
     _check_lengths(target, prompts, encoded, config)
     runners = {spec.name: make_runner(spec, target, drafters, reference) for spec in specs}
+    retrievers = [d for d in drafters.values() if isinstance(d, RetrievalDrafter)]
+    memories = session_memories(target, prompts, encoded, config) if retrievers else []
     plain: Runner = lambda ids, cfg: run_specviz(target, ids, cfg)  # noqa: E731
     warm = replace(config, max_new_tokens=min(WARM_UP_TOKENS, config.max_new_tokens))
     for run in (plain, *runners.values()):
@@ -102,6 +121,8 @@ def run_suite(
     for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
         shift = index % len(specs) if specs else 0
         order = specs[shift:] + specs[:shift]
+        for drafter in retrievers:
+            drafter.memory = memories[index]
         record = PromptRuns(prompt, len(ids), [plain(ids, config)])
         for spec in order:
             result = runners[spec.name](ids, config)

@@ -49,9 +49,11 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
 from specviz.drafters import dflash_layouts as layouts
+from specviz.drafters.borrowed import Borrowed, check_same_target, rope_frequencies
 from specviz.drafters.checkpoint_files import read_tensors
 from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash_layouts import BlockSpec
+from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
     Attention,
     GatedMLP,
@@ -66,9 +68,8 @@ from specviz.engine import cache as kv
 from specviz.engine import cost_curve
 from specviz.engine.accept import argmax_rows
 from specviz.engine.cost_curve import CostCurve
-from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.features import NUMBERING, TargetFeatures
-from specviz.engine.loop import MAX_NEW_TOKENS
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig, probabilities, sample
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
@@ -125,9 +126,6 @@ class DFlashBackbone(nn.Module):
 
     def __init__(self, spec: BlockSpec, embedding: torch.Tensor, output: nn.Module):
         super().__init__()
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         self.spec = spec
         self.fc = nn.Linear(len(spec.feature_layers) * spec.hidden_size, spec.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
@@ -138,13 +136,8 @@ class DFlashBackbone(nn.Module):
         if embedding.shape != (spec.vocab_size, spec.hidden_size):
             raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the drafter needs "
                                f"[{spec.vocab_size}, {spec.hidden_size}]")
-        rope_config = LlamaConfig(hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
-                                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                                  rope_parameters=dict(spec.rope), max_position_embeddings=spec.max_position_embeddings)
-        rotary = LlamaRotaryEmbedding(rope_config)
-        # float32 frequencies outside the module's buffers: a ``.to(float16)`` for saving must not round them
-        self._rope = (rotary.inv_freq.detach().float().clone(), float(rotary.attention_scaling))
-        self._borrowed = {"embedding": embedding.detach(), "output": output}
+        self._rope = rope_frequencies(spec)
+        self.borrowed = Borrowed(embedding, output)
         self._output_op = None  # inference copies with draft_quant: the output rows in int8
 
     @property
@@ -153,8 +146,7 @@ class DFlashBackbone(nn.Module):
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The target's embedding of ``token_ids``, in the drafter's dtype (frozen: borrowed)."""
-        weight = self._borrowed["embedding"]
-        return F.embedding(token_ids.to(weight.device), weight).to(self.fc.weight.dtype)
+        return self.borrowed.embed(token_ids, self.fc.weight.dtype)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """``hidden_norm(fc(features))``: the injected context of ``[B, C, layers x H]`` target features."""
@@ -209,7 +201,7 @@ class DFlashBackbone(nn.Module):
         """Base logits ``[..., V]`` of normed outputs, through the target's output layer."""
         if self._output_op is not None:
             return self._output_op(hidden).to(hidden.dtype)
-        layer = self._borrowed["output"]
+        layer = self.borrowed.output
         return layer(hidden.to(layer.weight.dtype)).to(hidden.dtype)
 
     def markov_bias(self, previous: torch.Tensor) -> torch.Tensor | None:
@@ -252,7 +244,7 @@ class DFlashBackbone(nn.Module):
         """A copy sharing every tensor whose projections run through pre-packed kernels where they run (as
         the fast target path does), the output layer in int8 with ``draft_quant="int8"`` (else the target's own,
         as it runs there); the module itself stays trainable."""
-        return inference_copy(self, self.fc.weight, self._borrowed["output"].weight, draft_quant, rows_packed=True)
+        return inference_copy(self, self.fc.weight, self.borrowed.output.weight, draft_quant, rows_packed=True)
 
 
 # ---- building, saving and loading ---------------------------------------------------------------------------------
@@ -326,7 +318,7 @@ def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, lay
 
     dtype = dtype or drafter.fc.weight.dtype
     state = {k: v.to(dtype) for k, v in drafter.state_dict().items()}
-    embedding = drafter._borrowed["embedding"]
+    embedding = drafter.borrowed.embedding
     curve = getattr(drafter, "greedy_calibration", None)  # kept in every layout (their loaders ignore the key)
     calibration = {} if curve is None else {GREEDY_CALIBRATION_KEY: curve.to_dict()}
     if layout == "specviz":
@@ -334,7 +326,7 @@ def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, lay
                                "fingerprint": fingerprint(embedding)}}
         return layouts.write(Path(folder), drafter.spec, state, layout, extra_config={**record, **calibration})
     borrowed = {layouts.EMBEDDING_KEY: embedding.to(dtype),
-                layouts.OUTPUT_KEY: drafter._borrowed["output"].weight.detach().to(dtype)}
+                layouts.OUTPUT_KEY: drafter.borrowed.output.weight.detach().to(dtype)}
     return layouts.write(Path(folder), drafter.spec, state, layout, extra_config=calibration, borrowed=borrowed)
 
 
@@ -357,7 +349,8 @@ def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = Non
         if kind is not None and spec.kind != kind:
             raise SpecvizError(f"it is a {TITLES[spec.kind]}, not a {TITLES[kind]}; load it as {spec.kind}:")
         state, borrowed = layouts.to_state(read_tensors(folder), spec)
-        _check_same_target(config, borrowed, embedding, output.weight)
+        mine = {layouts.EMBEDDING_KEY: embedding, layouts.OUTPUT_KEY: output.weight}  # DeepSpec carries copies
+        check_same_target(config, embedding, {key: (borrowed[key], mine[key]) for key in mine if key in borrowed})
         built = build_model(model, spec, state)
         if config.get(GREEDY_CALIBRATION_KEY) is not None:
             curve = ReliabilityCurve.from_dict(config[GREEDY_CALIBRATION_KEY])
@@ -369,28 +362,8 @@ def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = Non
         raise SpecvizError(f"block drafter {name}: {error}") from None
 
 
-def _check_same_target(config: dict, borrowed: dict[str, torch.Tensor], embedding: torch.Tensor,
-                       output: torch.Tensor) -> None:
-    """The recorded fingerprint (ours) or the carried copies (DeepSpec) must be this target's tensors."""
-    from specviz.models.shared_embedding import check_fingerprint, fingerprint, spec_of
-
-    record = spec_of(config)
-    if record is not None:
-        donor = record.get("from", "another target")
-        check_fingerprint(embedding, record.get("fingerprint") or [],
-              f"it was trained for {donor}: the target's embedding is not the one it was trained with")
-    for key, mine in ((layouts.EMBEDDING_KEY, embedding), (layouts.OUTPUT_KEY, output)):
-        stored = borrowed.get(key)
-        if stored is None:
-            continue
-        if tuple(stored.shape) != tuple(mine.shape):
-            raise SpecvizError(f"its {key} is {list(stored.shape)}, the target's {list(mine.shape)}")
-        check_fingerprint(mine, fingerprint(stored),
-                          f"it was trained for another model: its {key} is not this target's")
-
-
 # ---- the drafters -------------------------------------------------------------------------------------------------
-class BlockDrafter(Drafter):
+class BlockDrafter(FeatureDrafter):
     """What DFlash and DSpark share: the injected-context cache and one block forward per round.
 
     ``vocab_size``: the target's logits width. ``pack``: run the drafter through pre-packed CPU kernels (same
@@ -410,12 +383,10 @@ class BlockDrafter(Drafter):
         self.spec = model.spec
         self.vocab_size = vocab_size
         self.name = name or self.kind
-        self.feature_layers = tuple(model.feature_layers)
+        super().__init__(model.feature_layers, model.fc.weight.device, model.fc.weight.dtype)
+        self.what = f"{self.kind} drafter"
         self._cache: DynamicCache | None = None
-        self._pending: list[torch.Tensor] = []  # features of positions injected, injected + 1, ...
-        self._features_end = 0  # the next position whose feature the engine will hand over
         self._injected = 0  # context positions 0 .. injected - 1 are in the draft cache
-        self._device = model.fc.weight.device
 
     @property
     def draft_cache(self) -> DynamicCache | None:
@@ -428,23 +399,13 @@ class BlockDrafter(Drafter):
                 "feature_layers": list(self.feature_layers), "feature_numbering": NUMBERING,
                 "draft_layers": spec.num_layers, "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self._cache = DynamicCache()  # preallocated layers: cropping the block away is a length change
-        capacity = len(prompt_ids) + MAX_NEW_TOKENS + self.spec.block_size + 1
-        self._cache.layers = [kv.PreallocatedLayer(capacity) for _ in range(self.spec.num_layers)]
-        self._pending, self._features_end, self._injected = [], 0, 0
+    def extra_room(self) -> int:
+        return self.spec.block_size + 1
 
-    def observe(self, features: TargetFeatures) -> None:
-        if self._cache is None:
-            raise SpecvizError(f"the {self.kind} drafter got target features before begin()")
-        if features.start != self._features_end:
-            raise SpecvizError(f"target features arrived for position {features.start}, expected "
-                               f"{self._features_end}: the engine and the drafter lost step")
-        if tuple(features.layers) != self.feature_layers:
-            raise SpecvizError(f"target features of layers {list(features.layers)}, the drafter reads "
-                               f"{list(self.feature_layers)}")
-        self._pending.append(features.hidden.reshape(len(features), -1).to(self._device, self.model.fc.weight.dtype))
-        self._features_end += len(features)
+    def reset(self, prompt_ids: list[int]) -> None:
+        self._cache = DynamicCache()  # preallocated layers: cropping the block away is a length change
+        self._cache.layers = [kv.PreallocatedLayer(self.capacity) for _ in range(self.spec.num_layers)]
+        self._injected = 0
 
     @torch.inference_mode()
     def block(self, context: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -453,20 +414,16 @@ class BlockDrafter(Drafter):
         Injects the context features that arrived since the last round (every position before the anchor), then
         crops the block's entries away so the cache holds injected context only.
         """
-        if self._cache is None:
-            self.begin(context)
+        self.follow(context)
         anchor = len(context) - 1
-        if self._features_end != anchor:
-            raise SpecvizError(f"the {self.kind} drafter has target features up to position {self._features_end - 1}; "
-                               f"it needs every position before the anchor at {anchor} (start a new generation)")
-        pending = (torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]) if self._pending else None
+        pending = self.take(anchor)
         block_ids = torch.full((1, self.spec.block_size), self.spec.mask_token_id, device=self._device)
         block_ids[0, 0] = context[-1]
         out = self.runner(None if pending is None else pending[None], block_ids,
                           torch.arange(self._injected, anchor, device=self._device),
                           torch.arange(anchor, anchor + self.spec.block_size, device=self._device), cache=self._cache)
         kv.crop_to(self._cache, anchor)
-        self._injected, self._pending = anchor, []
+        self._injected = anchor
         hidden = out[0, self.spec.first_output:]
         return hidden, self.runner.logits(hidden).float()
 
@@ -550,8 +507,8 @@ class DSparkDrafter(BlockDrafter):
                 "greedy_curve": self.greedy_prior.to_dict() if self.calibrate and self.greedy_prior else None,
                 "cost_curve": self.cost_curve.to_dict()}
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        super().begin(prompt_ids)
+    def reset(self, prompt_ids: list[int]) -> None:
+        super().reset(prompt_ids)
         self.calibration = OnlineCalibration() if self.calibrate else None
         self._judged = []
 

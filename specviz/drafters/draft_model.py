@@ -27,8 +27,7 @@ from specviz.drafters.lean_llama import lean_forward_for
 from specviz.drafters.quantized import resolve_draft_quant
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
-from specviz.engine.drafter import DRAFT_ROOM, DraftBudget, Drafter
-from specviz.engine.loop import MAX_NEW_TOKENS
+from specviz.engine.drafter import DraftBudget, Drafter, cache_capacity
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.engine.verify import masked_forward
@@ -69,8 +68,9 @@ class DraftModelDrafter(Drafter):
                 "draft_vocab": self.draft_vocab or None,
                 "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        capacity = len(prompt_ids) + MAX_NEW_TOKENS + DRAFT_ROOM
+    def begin(self, prompt_ids: list[int], max_new_tokens: int | None = None,
+              budget: DraftBudget | None = None) -> None:
+        capacity = cache_capacity(len(prompt_ids), max_new_tokens, budget)
         self._cache = kv.new_cache(self.model, capacity, self.name, preallocate=True)
         self._cached = []
         self._fed = {}

@@ -32,7 +32,9 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
+from specviz.drafters.borrowed import Borrowed, check_same_target, rope_frequencies
 from specviz.drafters.eagle_layouts import HeadSpec
+from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
     Attention,
     GatedMLP,
@@ -44,9 +46,8 @@ from specviz.drafters.head_parts import (
 )
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
-from specviz.engine.drafter import DRAFT_ROOM, DraftBudget, Drafter
-from specviz.engine.features import NUMBERING, TargetFeatures
-from specviz.engine.loop import MAX_NEW_TOKENS
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
@@ -79,9 +80,6 @@ class EagleHead(nn.Module):
 
     def __init__(self, spec: HeadSpec, embedding: torch.Tensor, output: nn.Module | None):
         super().__init__()
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         self.spec = spec
         self.fc = nn.Linear(spec.fc_in, spec.hidden_size, bias=spec.fc_bias)
         if spec.fc_norm:
@@ -97,21 +95,13 @@ class EagleHead(nn.Module):
             self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
         else:
             self.d2t = None
-        if spec.rope.get("rope_type", "default") in ("dynamic", "longrope"):
-            raise SpecvizError(f"{spec.rope['rope_type']} RoPE scaling (it changes with the sequence length) is not "
-                               f"supported in EAGLE heads")
-        rope_config = LlamaConfig(hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
-                                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                                  rope_parameters=dict(spec.rope), max_position_embeddings=spec.max_position_embeddings)
-        rotary = LlamaRotaryEmbedding(rope_config)
-        # float32 frequencies kept outside the module's buffers: a ``head.to(float16)`` for saving must not round them
-        self._rope = (rotary.inv_freq.detach().float().clone(), float(rotary.attention_scaling))
+        self._rope = rope_frequencies(spec)
         if embedding.shape[-1] != spec.hidden_size:
             raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the head is {spec.hidden_size} wide")
         if output is None and not spec.own_lm_head:
             raise SpecvizError("a head without its own lm_head needs the target's output layer")
         # ``output_packed``: the output layer is the fast target path's pre-packed one (inference copies reuse it)
-        self._borrowed = {"embedding": embedding.detach(), "output": output, "output_packed": False}
+        self.borrowed = Borrowed(embedding, output)
         self._output_op = None  # set on inference copies: a pre-packed output projection
 
     # ---- the pieces a trainer needs --------------------------------------------------------------------------
@@ -129,8 +119,7 @@ class EagleHead(nn.Module):
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The target's embedding of ``token_ids`` in the head's dtype (frozen: borrowed)."""
-        weight = self._borrowed["embedding"]
-        return F.embedding(token_ids.to(weight.device), weight).to(self.fc.weight.dtype)
+        return self.borrowed.embed(token_ids, self.fc.weight.dtype)
 
     def forward(self, hidden: torch.Tensor, token_ids: torch.Tensor, position_ids: torch.Tensor, *,
                 from_target: bool = True, cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -177,7 +166,7 @@ class EagleHead(nn.Module):
             return self._output_op(h).to(h.dtype)
         if self.lm_head is not None:
             return self.lm_head(h)
-        layer = self._borrowed["output"]
+        layer = self.borrowed.output
         if self.d2t is None:
             return layer(h.to(layer.weight.dtype)).to(h.dtype)
         return F.linear(h, layer.weight[self.draft_ids()].to(h.dtype))
@@ -186,7 +175,7 @@ class EagleHead(nn.Module):
         """The ``[draft_vocab_size, H]`` output rows (the head's own, or the target's rows at the draft ids)."""
         if self.lm_head is not None:
             return self.lm_head.weight
-        weight = self._borrowed["output"].weight
+        weight = self.borrowed.output.weight
         return weight if self.d2t is None else weight[self.draft_ids()]
 
     def full_logits(self, out: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
@@ -237,7 +226,7 @@ class EagleHead(nn.Module):
         """A copy sharing every tensor whose projections run through pre-packed kernels where they run
         (as the fast target path does); the output rows are gathered once, in int8 with ``draft_quant="int8"``.
         The head itself stays trainable."""
-        own_rows_packed = self.lm_head is not None or (self.d2t is None and self._borrowed["output_packed"])
+        own_rows_packed = self.lm_head is not None or (self.d2t is None and self.borrowed.output_packed)
         return inference_copy(self, self.fc.weight, self.output_weight(), draft_quant, rows_packed=own_rows_packed)
 
 
@@ -311,7 +300,7 @@ def build_head(model: nn.Module, spec: HeadSpec, state: dict[str, torch.Tensor] 
 
     _, embedding, output = target_parts(model)
     head = EagleHead(spec, embedding, output).to(embedding.device)
-    head._borrowed["output_packed"] = fast_forward.is_fast(model)
+    head.borrowed.output_packed = fast_forward.is_fast(model)
     if state is not None:
         head.load_state_dict({k: v.to(embedding.device) for k, v in state.items()}, strict=True)
     return head
@@ -333,7 +322,7 @@ def save_head(head: EagleHead, folder: Path, *, target_name: str, layout: str = 
 
     dtype = dtype or head.fc.weight.dtype
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in head.state_dict().items()}
-    embedding = head._borrowed["embedding"]
+    embedding = head.borrowed.embedding
     if layout == "specviz":
         record = {CONFIG_KEY: {"from": target_name, "tensors": ["embedding"] + ([] if head.spec.own_lm_head
                                                                                   else ["output"]),
@@ -359,30 +348,15 @@ def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) 
         spec = layouts.head_spec(config, shape, dialect, set(tensors))
         if kind is not None and spec.kind != kind:
             raise SpecvizError(f"it is an {TITLES[spec.kind]}, not an {TITLES[kind]}")
-        _check_same_target(config, tensors.get(layouts.EMBEDDING_KEY), embedding)
+        stored = tensors.get(layouts.EMBEDDING_KEY)
+        check_same_target(config, embedding, {} if stored is None else {layouts.EMBEDDING_KEY: (stored, embedding)})
         return build_head(model, spec, layouts.to_head_state(tensors, spec, dialect))  # float32 weights
     except SpecvizError as error:
         raise SpecvizError(f"EAGLE head {name}: {error}") from None
 
 
-def _check_same_target(config: dict, stored: torch.Tensor | None, embedding: torch.Tensor) -> None:
-    from specviz.models.shared_embedding import check_fingerprint, fingerprint, spec_of
-
-    record = spec_of(config)
-    if record is not None:
-        expected, donor = record.get("fingerprint") or [], record.get("from", "another target")
-    elif stored is not None:
-        if tuple(stored.shape) != tuple(embedding.shape):
-            raise SpecvizError(f"its embed_tokens are {list(stored.shape)}, the target's {list(embedding.shape)}")
-        expected, donor = fingerprint(stored), "another model"
-    else:
-        return  # nothing recorded: the shape checks are all there is
-    check_fingerprint(embedding, expected,
-                      f"it was trained for {donor}: the target's embedding is not the one it was trained with")
-
-
 # ---- the drafter ------------------------------------------------------------------------------------------------
-class EagleDrafter(Drafter):
+class EagleDrafter(FeatureDrafter):
     """Drafts with an EAGLE head from the target features the engine hands it (``observe``).
 
     ``vocab_size``: the target's logits width. ``stochastic_tree``: at temperature > 0 draw tree children from q
@@ -390,6 +364,8 @@ class EagleDrafter(Drafter):
     kernels (same weights; a separate copy of the module, the given head stays trainable). ``draft_quant="int8"``:
     its output rows in int8 (``head_parts.output_projection``).
     """
+
+    what = "EAGLE head"
 
     def __init__(self, head: EagleHead, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
                  pack: bool = True, draft_quant: str = "off"):
@@ -401,14 +377,10 @@ class EagleDrafter(Drafter):
         self.vocab_size = vocab_size
         self.name = name or head.kind
         self.stochastic_tree = stochastic_tree
-        self.feature_layers = tuple(head.feature_layers)
+        super().__init__(head.feature_layers, head.fc.weight.device, head.fc.weight.dtype)
         self._cache = None
         self._fed = 0  # committed pairs (f[t], x[t+1]) in the head cache: t = 0 .. fed - 1
-        self._pending: list[torch.Tensor] = []  # target features of positions fed, fed + 1, ...
-        self._features_end = 0  # the next position whose feature the engine will hand over
-        self._tokens: list[int] = []  # context tokens x[0 .. fed] the fed pairs used
         self._last: torch.Tensor | None = None  # head output at the last fed pair (it predicts the root's children)
-        self._device = head.fc.weight.device
 
     def describe(self) -> dict:
         spec = self.head.spec
@@ -422,50 +394,25 @@ class EagleDrafter(Drafter):
     def head_cache(self):
         return self._cache
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int]) -> None:
         self._cache = DynamicCache()  # one preallocated layer: a rollback is a length change
-        self._cache.layers.append(kv.PreallocatedLayer(len(prompt_ids) + MAX_NEW_TOKENS + DRAFT_ROOM))
-        self._fed, self._pending, self._features_end = 0, [], 0
-        self._tokens, self._last = [int(prompt_ids[0])] if prompt_ids else [], None
-
-    def observe(self, features: TargetFeatures) -> None:
-        if self._cache is None:
-            raise SpecvizError("the EAGLE drafter got target features before begin()")
-        if features.start != self._features_end:
-            raise SpecvizError(f"target features arrived for position {features.start}, expected "
-                               f"{self._features_end}: the engine and the head lost step")
-        if tuple(features.layers) != self.feature_layers:
-            raise SpecvizError(f"target features of layers {list(features.layers)}, the head reads "
-                               f"{list(self.feature_layers)}")
-        rows = features.hidden.reshape(len(features), -1)
-        self._pending.append(rows.to(self._device, self.head.fc.weight.dtype))
-        self._features_end += len(features)
+        self._cache.layers.append(kv.PreallocatedLayer(self.capacity))
+        self._fed, self._last = 0, None
 
     @torch.inference_mode()
     def catch_up(self, context: list[int]) -> None:
         """Feed every committed pair not yet in the head cache: (f[t], x[t+1]) for t < len(context) - 1."""
-        if self._cache is None:
-            self.begin(context)
-        if context[: len(self._tokens)] != self._tokens:
-            raise SpecvizError("the context changed under the EAGLE drafter (it needs the target features of the new "
-                               "text: start a new generation)")
+        self.follow(context)
         kv.crop_to(self._cache, self._fed)  # drop the last round's draft entries
         end = len(context) - 1
-        count = end - self._fed
-        if count <= 0:
+        feats = self.take(end)
+        if feats is None:
             return
-        if self._features_end < end:
-            raise SpecvizError(f"the EAGLE head has target features up to position {self._features_end - 1}, it needs "
-                               f"{end - 1}")
-        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
-        feats, rest = pending[:count], pending[count:]
-        self._pending = [rest] if len(rest) else []
         tokens = torch.tensor([context[self._fed + 1: end + 1]], device=self._device)
         positions = torch.arange(self._fed, end, device=self._device)[None]
         out = self.runner(feats[None], tokens, positions, from_target=True, cache=self._cache)
         self._last = out[0, -1]
         self._fed = end
-        self._tokens = list(context[: end + 1])
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,

@@ -99,9 +99,10 @@ class HybridDrafter(Drafter):
                 described[key] = model[key]
         return described
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.lookup.begin(prompt_ids)
-        self.model.begin(prompt_ids)
+    def begin(self, prompt_ids: list[int], max_new_tokens: int | None = None,
+              budget: DraftBudget | None = None) -> None:
+        self.lookup.begin(prompt_ids, max_new_tokens, budget)
+        self.model.begin(prompt_ids, max_new_tokens, budget)
         self.source = None
         self.model_rate = RoundRate(self.lookup.schedule.cost(1))
 

@@ -35,11 +35,13 @@ from torch import nn
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import medusa_layouts as layouts
+from specviz.drafters.borrowed import Borrowed, check_same_target
+from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import drafting_copy, inference_copy, output_projection, target_parts
 from specviz.drafters.medusa_layouts import MedusaSpec
 from specviz.drafters.registry import DrafterFamily, register
-from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.features import NUMBERING, TargetFeatures
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
@@ -78,7 +80,7 @@ class MedusaHeads(nn.Module):
             self.token_map = None
         if output is None and not spec.own_lm_head:
             raise SpecvizError("Medusa heads without their own output layer need the target's")
-        self._borrowed = {"output": output, "embedding": None if embedding is None else embedding.detach()}
+        self.borrowed = Borrowed(embedding, output)
         self._output_op = None  # inference copies: the target's output rows pre-packed
 
     @property
@@ -113,7 +115,7 @@ class MedusaHeads(nn.Module):
         if not spec.own_lm_head:
             if self._output_op is not None:
                 return self._output_op(state).float() * spec.logit_scale
-            layer = self._borrowed["output"]
+            layer = self.borrowed.output
             return layer(state.to(layer.weight.dtype)).float() * spec.logit_scale
         out = self.heads[h][-1](state).float() * spec.logit_scale
         if self.token_map is None:
@@ -125,9 +127,9 @@ class MedusaHeads(nn.Module):
         """A copy sharing every tensor whose linear layers (and the borrowed output rows) run pre-packed; the
         output layers in int8 with ``draft_quant="int8"``."""
         own = self.spec.own_lm_head
-        weight = next(self.parameters(), None) if own else self._borrowed["output"].weight
-        fast = inference_copy(self, weight, None if own else self._borrowed["output"].weight, draft_quant,
-                              rows_packed=bool(self._borrowed.get("output_packed")))
+        weight = next(self.parameters(), None) if own else self.borrowed.output.weight
+        fast = inference_copy(self, weight, None if own else self.borrowed.output.weight, draft_quant,
+                              rows_packed=bool(self.borrowed.output_packed))
         if own and getattr(fast, "draft_quant", "off") != "off":
             for head in fast.heads:
                 head[-1].forward = output_projection(head[-1].weight, fast.draft_quant)
@@ -148,7 +150,7 @@ def build_heads(model: nn.Module, spec: MedusaSpec, state: dict[str, torch.Tenso
 
     _, embedding, output = target_parts(model)
     heads = MedusaHeads(spec, output, embedding).to(embedding.device)
-    heads._borrowed["output_packed"] = fast_forward.is_fast(model)
+    heads.borrowed.output_packed = fast_forward.is_fast(model)
     if state is not None:
         heads.load_state_dict({k: v.to(embedding.device) if k == "token_map" else v.to(embedding.device,
                                                                                         torch.float32)
@@ -182,10 +184,10 @@ def save_heads(heads: MedusaHeads, folder: Path, *, target_name: str, layout: st
     dtype = dtype or next(heads.parameters()).dtype
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in heads.state_dict().items()}
     config = layouts.config_for(spec, layout, target_name)
-    output = heads._borrowed["output"]
+    output = heads.borrowed.output
     tensors = layouts.from_state(state, spec, layout, None if output is None else output.weight.to(dtype))
     if layout == "specviz":
-        embedding = heads._borrowed["embedding"]
+        embedding = heads.borrowed.embedding
         config[CONFIG_KEY] = {"from": target_name, "tensors": [] if spec.own_lm_head else ["output"],
                               "fingerprint": fingerprint(embedding) if embedding is not None else []}
     if choices is not None:
@@ -214,24 +216,11 @@ def _load(folder: Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
         shapes = {k: s for k, s in shapes.items() if k.startswith("medusa_head.")}  # a Medusa-2 full model
     dialect = layouts.dialect_of(config, set(shapes))
     spec = layouts.medusa_spec(config, shape, dialect, shapes)
-    _check_same_target(config, embedding)
+    check_same_target(config, embedding, plural=True, fingerprint_required=False)  # exports may lack the target
     state = layouts.to_state(read(lambda name: name in shapes), spec, dialect)
     spec, state = _borrow_equal_heads(spec, state, output)
     choices = config.get(layouts.CHOICES_KEY)
     return build_heads(model, spec, state), None if choices is None else check_choices(choices)
-
-
-def _check_same_target(config: dict, embedding: torch.Tensor) -> None:
-    """Our folders record the target embedding's fingerprint (the target's identity, as every borrowing drafter
-    does): heads trained for another model would draft garbage."""
-    from specviz.models.shared_embedding import check_fingerprint, spec_of
-
-    record = spec_of(config)
-    if record is None or not record.get("fingerprint"):  # exported without the target's embedding at hand
-        return
-    donor = record.get("from", "another target")
-    check_fingerprint(embedding, record["fingerprint"],
-                      f"they were trained for {donor}: the target's embedding is not the one they were trained with")
 
 
 def _borrow_equal_heads(spec: MedusaSpec, state: dict[str, torch.Tensor], output: nn.Module
@@ -340,8 +329,10 @@ def head_accuracy(heads: MedusaHeads, features: torch.Tensor, chosen: torch.Tens
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
-class MedusaDrafter(Drafter):
+class MedusaDrafter(FeatureDrafter):
     """Drafts the top-1 chain or a static tree from the heads on the newest known target feature."""
+
+    what = "Medusa heads"
 
     def __init__(self, heads: MedusaHeads, vocab_size: int, name: str | None = None,
                  choices: Sequence[Sequence[int]] | None = None, pack: bool = True, draft_quant: str = "off"):
@@ -353,7 +344,7 @@ class MedusaDrafter(Drafter):
         self.vocab_size = vocab_size
         self.name = name or "medusa"
         self.choices = None if choices is None else check_choices(choices)
-        self.feature_layers = (heads.spec.feature_layer,)
+        super().__init__((heads.spec.feature_layer,), None, heads.dtype)
         self.begin([])
 
     def describe(self) -> dict:
@@ -362,26 +353,19 @@ class MedusaDrafter(Drafter):
                 "choices": None if self.choices is None else [list(c) for c in self.choices],
                 "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self._feature: torch.Tensor | None = None  # the newest feature handed over ...
+    def reset(self, prompt_ids: list[int]) -> None:
+        self._feature: torch.Tensor | None = None  # the newest feature consumed ...
         self._position = -1  # ... and its position
-        self._features_end = 0
-
-    def observe(self, features: TargetFeatures) -> None:
-        if features.start != self._features_end:
-            raise SpecvizError(f"target features arrived for position {features.start}, expected "
-                               f"{self._features_end}: the engine and the Medusa heads lost step")
-        if tuple(features.layers) != self.feature_layers:
-            raise SpecvizError(f"target features of layers {list(features.layers)}, the heads read "
-                               f"{list(self.feature_layers)}")
-        self._features_end += len(features)
-        self._feature, self._position = features.hidden[-1, 0], self._features_end - 1
 
     @torch.inference_mode()
     def head_logits(self, context: list[int]) -> torch.Tensor | None:
         """``[num_heads, V]``: the heads on the feature of position len(context) - 2 (None before there is one)."""
         if len(context) < 2:
             return None
+        self.follow(context)
+        rows = self.take(len(context) - 1)
+        if rows is not None:
+            self._feature, self._position = rows[-1], len(context) - 2
         if self._position != len(context) - 2:
             raise SpecvizError(f"the Medusa heads hold the feature of position {self._position}, drafting after "
                                f"{len(context)} tokens needs position {len(context) - 2}")

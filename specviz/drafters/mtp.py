@@ -27,12 +27,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
+from specviz.drafters.borrowed import Borrowed, check_same_target, rope_frequencies
+from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
     Attention,
     GatedMLP,
@@ -45,9 +46,8 @@ from specviz.drafters.head_parts import (
 from specviz.drafters.mtp_layouts import MtpSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
-from specviz.engine.drafter import DRAFT_ROOM, DraftBudget, Drafter
-from specviz.engine.features import NUMBERING, TargetFeatures
-from specviz.engine.loop import MAX_NEW_TOKENS
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
@@ -88,21 +88,13 @@ class MtpStack(nn.Module):
 
     def __init__(self, spec: MtpSpec, embedding: torch.Tensor, output: nn.Module):
         super().__init__()
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         self.spec = spec
         self.layers = nn.ModuleList(MtpModule(spec) for _ in range(spec.num_modules))
         if embedding.shape[-1] != spec.hidden_size:
             raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the modules are {spec.hidden_size} "
                                f"wide")
-        rope_config = LlamaConfig(hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
-                                  num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                                  rope_parameters=dict(spec.rope), max_position_embeddings=spec.max_position_embeddings)
-        rotary = LlamaRotaryEmbedding(rope_config)
-        # float32 frequencies outside the buffers: a ``to(float16)`` for saving must not round them
-        self._rope = (rotary.inv_freq.detach().float().clone(), float(rotary.attention_scaling))
-        self._borrowed = {"embedding": embedding.detach(), "output": output, "output_packed": False}
+        self._rope = rope_frequencies(spec)
+        self.borrowed = Borrowed(embedding, output)
         self._output_op = None  # inference copies: the output rows pre-packed
 
     @property
@@ -114,8 +106,7 @@ class MtpStack(nn.Module):
         return self.layers[0].eh_proj.weight.dtype
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        weight = self._borrowed["embedding"]
-        return F.embedding(token_ids.to(weight.device), weight).to(self.dtype)
+        return self.borrowed.embed(token_ids, self.dtype)
 
     def step(self, k: int, hidden: torch.Tensor, token_ids: torch.Tensor, position_ids: torch.Tensor, *,
              cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,7 +130,7 @@ class MtpStack(nn.Module):
         h = self.layers[k].norm(out)
         if self._output_op is not None:
             return self._output_op(h).float()
-        layer = self._borrowed["output"]
+        layer = self.borrowed.output
         return layer(h.to(layer.weight.dtype)).float()
 
     def teacher_forced(self, features: torch.Tensor, token_ids: torch.Tensor) -> list[torch.Tensor]:
@@ -179,8 +170,8 @@ class MtpStack(nn.Module):
         """A copy sharing every tensor whose projections run through pre-packed kernels where they run (as
         the fast target path does), the output rows in int8 with ``draft_quant="int8"``; the stack itself stays
         trainable."""
-        return inference_copy(self, self.layers[0].eh_proj.weight, self._borrowed["output"].weight, draft_quant,
-                              rows_packed=self._borrowed["output_packed"])
+        return inference_copy(self, self.layers[0].eh_proj.weight, self.borrowed.output.weight, draft_quant,
+                              rows_packed=self.borrowed.output_packed)
 
 
 # ---- building, saving and loading -------------------------------------------------------------------------------
@@ -210,7 +201,7 @@ def build_stack(model: nn.Module, spec: MtpSpec, state: dict[str, torch.Tensor] 
 
     _, embedding, output = target_parts(model)
     stack = MtpStack(spec, embedding, output).to(embedding.device)
-    stack._borrowed["output_packed"] = fast_forward.is_fast(model)
+    stack.borrowed.output_packed = fast_forward.is_fast(model)
     if state is not None:
         stack.load_state_dict({k: v.to(embedding.device, torch.float32) for k, v in state.items()}, strict=True)
     return stack
@@ -235,7 +226,7 @@ def save_stack(stack: MtpStack, folder: Path, *, target_name: str, layout: str =
     num_layers = target_layers(stack)
     config = layouts.config_for(stack.spec, layout, num_layers)
     tensors = layouts.from_state(state, stack.spec, layout, num_layers)
-    embedding = stack._borrowed["embedding"]
+    embedding = stack.borrowed.embedding
     if layout == "specviz":
         config[CONFIG_KEY] = {"from": target_name, "tensors": ["embedding", "output"],
                               "fingerprint": fingerprint(embedding)}
@@ -243,7 +234,7 @@ def save_stack(stack: MtpStack, folder: Path, *, target_name: str, layout: str =
         for k in range(stack.num_modules):
             prefix = f"model.layers.{num_layers + k}."
             tensors[prefix + "embed_tokens.weight"] = embedding.detach().to(dtype).clone()
-            tensors[prefix + "shared_head.head.weight"] = stack._borrowed["output"].weight.detach().to(dtype).clone()
+            tensors[prefix + "shared_head.head.weight"] = stack.borrowed.output.weight.detach().to(dtype).clone()
     return layouts.write(Path(folder), config, tensors)
 
 
@@ -274,31 +265,12 @@ def _load(folder: Path, model: nn.Module) -> MtpStack:
         dialect = layouts.dialect_of(config, set(mtp_shapes))
     spec = layouts.mtp_spec(config, shape, dialect, mtp_shapes)
     tensors = read(lambda name: name in mtp_shapes)
-    _check_same_target(config, dialect, tensors, embedding, output)
+    carried = {} if dialect != "deepseek-v3" else {  # DeepSeek-V3 stores each module's copy of both
+        name: (value, embedding if name.endswith("embed_tokens.weight") else output.weight)
+        for name, value in tensors.items() if name.endswith(layouts.DEEPSEEK_SHARED)}
+    check_same_target(config, embedding, carried, plural=True)
     state = layouts.to_state(tensors, spec, dialect, shape.num_layers)
     return build_stack(model, spec, state)
-
-
-def _check_same_target(config: dict, dialect: str, tensors: dict[str, torch.Tensor], embedding: torch.Tensor,
-                       output: nn.Module) -> None:
-    """The recorded fingerprint (ours) or the stored copies of the embedding and head (DeepSeek-V3's layout) must
-    be this target's: modules trained for another model would draft garbage."""
-    from specviz.models.shared_embedding import check_fingerprint, fingerprint, spec_of
-
-    record = spec_of(config)
-    if record is not None:
-        check_fingerprint(embedding, record.get("fingerprint") or [],
-                          f"they were trained for {record.get('from', 'another target')}: the target's embedding is "
-                          f"not the one they were trained with")
-        return
-    for name, value in tensors.items():
-        if dialect != "deepseek-v3" or not name.endswith(layouts.DEEPSEEK_SHARED):
-            continue
-        mine = embedding if name.endswith("embed_tokens.weight") else output.weight
-        if tuple(value.shape) != tuple(mine.shape):
-            raise SpecvizError(f"its {name} is {list(value.shape)}, the target's {list(mine.shape)}")
-        check_fingerprint(mine, fingerprint(value), f"its {name} is not this target's (they were trained with "
-                                                    f"another model)")
 
 
 def own_mtp_source(model: nn.Module) -> str | None:
@@ -314,13 +286,15 @@ def own_mtp_source(model: nn.Module) -> str | None:
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
-class MtpDrafter(Drafter):
+class MtpDrafter(FeatureDrafter):
     """Drafts with MTP modules from the target features the engine hands it (``observe``).
 
     ``stochastic_tree``: at temperature > 0 draw tree children from q (verified by rejection sampling) instead of
     taking the top-w. ``pack``: run the modules through pre-packed CPU kernels (a copy; ``stack`` stays trainable).
     ``draft_quant="int8"``: the output layer in int8 for drafting (``head_parts.output_projection``).
     """
+
+    what = "MTP modules"
 
     def __init__(self, stack: MtpStack, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
                  pack: bool = True, draft_quant: str = "off"):
@@ -332,8 +306,7 @@ class MtpDrafter(Drafter):
         self.vocab_size = vocab_size
         self.name = name or "mtp"
         self.stochastic_tree = stochastic_tree
-        self.feature_layers = (stack.spec.feature_layer,)
-        self._device = stack.layers[0].eh_proj.weight.device
+        super().__init__((stack.spec.feature_layer,), stack.layers[0].eh_proj.weight.device, stack.dtype)
         self.begin([])
 
     def describe(self) -> dict:
@@ -348,29 +321,15 @@ class MtpDrafter(Drafter):
     def module_caches(self) -> list[DynamicCache]:
         return self._caches
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int]) -> None:
         n = self.stack.num_modules
-        capacity = len(prompt_ids) + MAX_NEW_TOKENS + DRAFT_ROOM
         self._caches = []
         for _ in range(n):
             cache = DynamicCache()  # one preallocated layer: a rollback is a length change
-            cache.layers.append(kv.PreallocatedLayer(capacity))
+            cache.layers.append(kv.PreallocatedLayer(self.capacity))
             self._caches.append(cache)
         self._rows = [0] * n  # module k holds committed rows at positions 0 .. rows[k] - 1
         self._tail: list[tuple[int, torch.Tensor] | None] = [None] * n  # (first position, outputs) still needed
-        self._pending: list[torch.Tensor] = []  # target features of positions rows[0], rows[0] + 1, ...
-        self._features_end = 0
-        self._seen: list[int] = [int(t) for t in prompt_ids[:1]]
-
-    def observe(self, features: TargetFeatures) -> None:
-        if features.start != self._features_end:
-            raise SpecvizError(f"target features arrived for position {features.start}, expected "
-                               f"{self._features_end}: the engine and the MTP modules lost step")
-        if tuple(features.layers) != self.feature_layers:
-            raise SpecvizError(f"target features of layers {list(features.layers)}, the modules read "
-                               f"{list(self.feature_layers)}")
-        self._pending.append(features.hidden[:, 0].to(self._device, self.stack.dtype))
-        self._features_end += len(features)
 
     def _outputs(self, k: int, start: int, end: int) -> torch.Tensor:
         """Committed outputs of module k at positions start .. end - 1."""
@@ -382,9 +341,7 @@ class MtpDrafter(Drafter):
     @torch.inference_mode()
     def catch_up(self, context: list[int]) -> None:
         """Give every module its rows for the committed text: module k at positions t <= len(context) - 2 - k."""
-        if context[: len(self._seen)] != self._seen:
-            raise SpecvizError("the context changed under the MTP drafter (it needs the target features of the new "
-                               "text: start a new generation)")
+        self.follow(context)
         for cache, rows in zip(self._caches, self._rows):
             kv.crop_to(cache, rows)  # drop the last round's draft rows
         n, total = self.stack.num_modules, len(context)
@@ -393,12 +350,7 @@ class MtpDrafter(Drafter):
             if end <= start:
                 continue
             if k == 0:
-                if self._features_end < end:
-                    raise SpecvizError(f"the MTP modules have target features up to position "
-                                       f"{self._features_end - 1}, they need {end - 1}")
-                pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
-                hidden, rest = pending[: end - start], pending[end - start:]
-                self._pending = [rest] if len(rest) else []
+                hidden = self.take(end)
             else:
                 hidden = self.runner.feed(k - 1, self._outputs(k - 1, start, end))
             tokens = torch.tensor([context[start + 1 + k: end + 1 + k]], device=self._device)
@@ -415,7 +367,6 @@ class MtpDrafter(Drafter):
             first, outs = self._tail[k]
             keep = min(self._rows[k + 1], self._rows[k] - 1) if k + 1 < n else self._rows[k] - 1
             self._tail[k] = (keep, outs[keep - first:])
-        self._seen = list(context)
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,

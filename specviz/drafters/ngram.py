@@ -100,7 +100,8 @@ class NgramDrafter(Drafter):
             described["cost_curve"] = self.schedule.to_dict()
         return described
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], max_new_tokens: int | None = None,
+              budget: DraftBudget | None = None) -> None:
         self._index.clear()
         self._indexed = 0
         self.stats = AcceptanceStats()

@@ -15,9 +15,8 @@ from specviz.errors import SpecvizError
 from specviz.settings import BY_NAME as _SETTINGS
 
 LIMITS = {name: (_SETTINGS[name].low, _SETTINGS[name].high) for name in ("k", "width", "depth", "max_nodes")}
-#: KV positions a drafter's own cache may need in one round beyond the committed text: a dynamic tree feeds every
-#: frontier node it expands (up to width per level, depth levels; more than the node budget keeps), plus slack.
-DRAFT_ROOM = LIMITS["width"][1] * LIMITS["depth"][1] + 8
+#: Slack in a drafter's own cache beyond what its budget can feed in one round.
+ROOM_SLACK = 8
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,12 @@ class DraftBudget:
         """The most nodes a draft within this budget holds (a chain's k or a tree's node budget)."""
         return self.max_nodes if self.tree else self.k
 
+    @property
+    def draft_room(self) -> int:
+        """KV positions a drafter's own cache may need in one round beyond the committed text: a dynamic tree feeds
+        every frontier node it expands (up to width per level, depth levels; more than the node budget keeps)."""
+        return (self.width * self.depth if self.tree else self.k) + ROOM_SLACK
+
     def check_fits(self, tree: DraftTree, drafter: str) -> None:
         """One line when ``drafter`` proposed more, or deeper, than this budget: the verify forward's positions and the
         target's cache are sized by it."""
@@ -73,6 +78,18 @@ class DraftBudget:
                 "min_draft_prob": self.min_draft_prob}
 
 
+#: The widest any run may draft: a drafter begun without its run's budget sizes its caches for this one.
+WIDEST = DraftBudget(tree=True, k=LIMITS["k"][1], width=LIMITS["width"][1], depth=LIMITS["depth"][1],
+                     max_nodes=LIMITS["max_nodes"][1])
+
+
+def cache_capacity(prompt_length: int, max_new_tokens: int | None = None, budget: DraftBudget | None = None) -> int:
+    """Positions a drafter's own cache needs for a run: the prompt, every new token, and one round's draft room.
+    Unknown (None) parts are sized for the most any run allows."""
+    most = settings.get("max_new_tokens").high if max_new_tokens is None else max_new_tokens
+    return prompt_length + most + (budget or WIDEST).draft_room
+
+
 class Drafter(ABC):
     """Proposes drafts. One instance serves one generation at a time (it may keep a cache between rounds).
 
@@ -80,12 +97,17 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
+    #: The most side rows (``DraftTree.side``) one of its rounds adds to the verify forward: the target's cache is
+    #: sized for them.
+    side_room: int = 0
     #: Target hidden states this drafter reads, as Hugging Face ``hidden_states`` indices (0 = embedding output,
     #: i = output of decoder layer i - 1, L = after the final norm); empty: none, and none are captured.
     feature_layers: tuple[int, ...] = ()
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        """Called once before the first round with the prompt's token ids."""
+    def begin(self, prompt_ids: list[int], max_new_tokens: int | None = None,
+              budget: DraftBudget | None = None) -> None:
+        """Called once before the first round with the prompt's token ids, the run's most new tokens and its draft
+        budget (what a drafter's caches are sized from: ``cache_capacity``; None when the caller does not know)."""
 
     def observe(self, features: TargetFeatures) -> None:
         """The target's hidden states (``feature_layers``) at newly committed positions: after the prefill (the
@@ -96,6 +118,10 @@ class Drafter(ABC):
         self, context: list[int], budget: DraftBudget, sampling: SamplingConfig, generator: torch.Generator
     ) -> DraftTree:
         """Draft continuations of ``context`` (every committed token so far)."""
+
+    def observe_side(self, tree: DraftTree, logits: torch.Tensor) -> None:
+        """The target's logits of the whole verify forward of a ``tree`` that carried side rows (``DraftTree.side``):
+        row 0 after the committed text, rows 1 … n after the draft's nodes, then one row per side node."""
 
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         """Called after each round with the new context and the accepted node indices (to update caches)."""

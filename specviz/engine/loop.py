@@ -1,7 +1,8 @@
 """The round loop: propose -> verify (one target forward) -> accept -> commit, one ``Round`` at a time.
 
-Plain decoding is the same loop with no drafter (an empty tree each round), so the baseline is timed exactly
-like speculation: same sampler, same cache, same clock.
+The loop reaches the target's model only through a ``Verifier`` (``specviz.engine.verifier``): the model in this
+process by default, or any other implementation passed in. Plain decoding is the same loop with no drafter (an empty
+tree each round), so the baseline is timed exactly like speculation: same sampler, same cache, same clock.
 """
 
 from __future__ import annotations
@@ -13,16 +14,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specviz import settings
-from specviz.engine import cache as kv
 from specviz.engine.accept import accept
 from specviz.engine.drafter import DraftBudget, Drafter
-from specviz.engine.features import capture, check_layers, rows
 from specviz.engine.record import Step, build_round
 from specviz.engine.round import Round
 from specviz.engine.sampling import SamplingConfig, make_generator, probabilities
 from specviz.engine.target import PIECE_CONTEXT, Target
 from specviz.engine.tree import DraftTree
-from specviz.engine.verify import forward_tree, prefill
+from specviz.engine.verifier import LocalVerifier, Verifier
 from specviz.errors import SpecvizError
 
 MAX_NEW_TOKENS: int = settings.get("max_new_tokens").high
@@ -74,6 +73,7 @@ class Generation:
         config: GenerationConfig,
         drafter: Drafter | None = None,
         budget: DraftBudget | None = None,
+        verifier: Verifier | None = None,
     ):
         if not prompt_ids:
             raise SpecvizError("the prompt is empty")
@@ -86,20 +86,19 @@ class Generation:
         if prompt + config.max_new_tokens > limit:  # drafts never reach past the last new token (budget.capped)
             raise SpecvizError(f"max-new-tokens {config.max_new_tokens} overflows the {limit}-token context window; "
                                f"at most {limit - prompt} fit after this prompt")
-        widest = self.budget.widest if drafter else 0  # draft nodes one verify forward adds past the committed text
-        self.cache = kv.new_cache(target.model, prompt + config.max_new_tokens + widest, target.name,
-                                  preallocate=target.preallocated_cache)
+        # draft nodes (and side rows) one verify forward adds past the committed text
+        widest = self.budget.widest + drafter.side_room if drafter else 0
+        self._layers = tuple(drafter.feature_layers) if drafter is not None else ()
+        self.verifier = verifier or LocalVerifier(target)
+        self.verifier.reserve(prompt + config.max_new_tokens + widest, self._layers)
         self.new_tokens: list[int] = []
         self.rounds: list[Round] = []
         self.prefill_ms = 0.0
         self.elapsed_s = 0.0
         self.stop_reason = ""
-        self._clock = Clock(target.device)
+        self._clock = Clock(self.verifier.device)
         self._generator = make_generator(config.seed)
         self._eos = target.eos_ids if config.stop_at_eos else set()
-        self._layers = tuple(drafter.feature_layers) if drafter is not None else ()
-        if self._layers:
-            check_layers(target.model, self._layers)
 
     @property
     def token_ids(self) -> list[int]:
@@ -141,13 +140,11 @@ class Generation:
 
     def _prefill(self) -> None:
         """Cache the prompt minus its last token; hand a drafter that reads target features their rows."""
-        model, layers = self.target.model, self._layers
-        with capture(model, layers) as found:
-            prefill(model, self.cache, self.prompt_ids[:-1])
+        cached = self.verifier.prefill(self.prompt_ids[:-1])
         if self.drafter is not None:
-            self.drafter.begin(self.prompt_ids)
-            if layers and len(self.prompt_ids) > 1:
-                self.drafter.observe(rows(found, layers, 0, list(range(len(self.prompt_ids) - 1))))
+            self.drafter.begin(self.prompt_ids, self.config.max_new_tokens, self.budget)
+            if self._layers and len(self.prompt_ids) > 1:
+                self.drafter.observe(cached.features(self._layers, 0, list(range(len(self.prompt_ids) - 1))))
 
     def _round(self, context: list[int]) -> Step:
         """propose → verify → accept → commit: one target forward; ``context`` grows by the committed tokens."""
@@ -161,24 +158,30 @@ class Generation:
             tree = drafter.propose(context, budget, config.sampling, self._generator)
             tree.validate_against_vocab(self.target.vocab_size)
             budget.check_fits(tree, drafter.name)
+            if tree.side and len(tree.side) > drafter.side_room:
+                raise SpecvizError(f"drafter {drafter.name} added {len(tree.side)} side rows to the verify forward, "
+                                   f"more than the {drafter.side_room} it declared")
         t1 = clock()
         pending = len(context) - 1  # the position of the last committed token, verified as row 0
         before = context[-PIECE_CONTEXT:]
-        with capture(self.target.model, layers) as found:
-            logits = forward_tree(self.target.model, self.cache, tree, context[-1], pending)
+        scored = self.verifier.verify(tree.with_side(), context[-1], pending)
+        logits = scored.logits[: len(tree) + 1]
         t2 = clock()
         p_target = None if config.sampling.greedy else probabilities(logits, config.sampling)
         acceptance = accept(tree, logits, config.sampling, self._generator, p_target)
-        kv.keep_path(self.cache, len(context), acceptance.path)
+        self.verifier.keep(len(context), acceptance.path)
         committed, finished = _truncate([tree.tokens[i] for i in acceptance.path] + [acceptance.extra_token],
                                         remaining, self._eos)
         context.extend(committed)
         self.new_tokens.extend(committed)
         t3 = clock()
         if drafter is not None:
+            if tree.side:  # rows verified beside the draft, never accepted: the drafter reads their logits
+                tree.meta["side_rows"] = len(tree.side)
+                drafter.observe_side(tree, scored.logits)
             if layers:  # the pending token's row, then the accepted nodes that were committed (EOS may cut them)
                 path = acceptance.path[: len(committed)]
-                drafter.observe(rows(found, layers, pending, [0, *(i + 1 for i in path)]))
+                drafter.observe(scored.features(layers, pending, [0, *(i + 1 for i in path)]))
             drafter.commit(context, tree, acceptance.path)
         t4 = clock()
         return Step(tree, logits, p_target, acceptance, committed, finished,
@@ -201,9 +204,10 @@ def generate(
     config: GenerationConfig,
     drafter: Drafter | None = None,
     budget: DraftBudget | None = None,
+    verifier: Verifier | None = None,
 ) -> Generation:
     """Run a whole generation and return it (rounds, tokens, timings)."""
-    return Generation(target, prompt_ids, config, drafter, budget).run()
+    return Generation(target, prompt_ids, config, drafter, budget, verifier).run()
 
 
 def plain_decode(target: Target, prompt_ids: list[int], config: GenerationConfig) -> Generation:

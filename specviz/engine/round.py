@@ -52,8 +52,9 @@ class Round:
 
     @property
     def verified(self) -> int:
-        """Target tokens processed by this round's verify forward (newest committed token + tree nodes)."""
-        return len(self.tokens) + 1
+        """Target tokens processed by this round's verify forward (newest committed token + tree nodes + the side
+        rows a lookahead window adds, ``meta["side_rows"]``)."""
+        return len(self.tokens) + 1 + int((self.meta or {}).get("side_rows", 0))
 
     @property
     def total_ms(self) -> float:

@@ -40,6 +40,10 @@ class DraftTree:
     - ``sampled``: True when children were *drawn at random* from ``q_dist`` (in draw order, without replacement);
       False when they were chosen deterministically (argmax, top-w, lookup). The accept rule depends on it.
     - ``confidence[i]``: the drafter's own estimate that node i survives (optional).
+    - ``side``: rows the verify forward carries besides the draft that are never accepted (lookahead decoding's
+      Jacobi window): a forest under the root whose nodes see the committed text, the root and their own ancestors
+      only, as no draft node sees them. The drafter gets their logits (``Drafter.observe_side``); output never
+      depends on them.
     """
 
     tokens: list[int]
@@ -49,6 +53,7 @@ class DraftTree:
     sampled: bool = False
     confidence: list[float] | None = None
     meta: dict = field(default_factory=dict)
+    side: DraftTree | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -112,7 +117,15 @@ class DraftTree:
             mask[i, i] = True
         return mask
 
+    def with_side(self) -> DraftTree:
+        """What the verify forward runs: the draft's nodes, then the side rows (parents shifted past the draft)."""
+        if not self.side:
+            return self
+        n = len(self.tokens)
+        return DraftTree(tokens=[*self.tokens, *self.side.tokens],
+                         parents=[*self.parents, *(p if p == ROOT else p + n for p in self.side.parents)])
+
     def validate_against_vocab(self, vocab_size: int) -> None:
-        bad = [t for t in self.tokens if not 0 <= t < vocab_size]
+        bad = [t for t in self.tokens + (self.side.tokens if self.side else []) if not 0 <= t < vocab_size]
         if bad:
             raise SpecvizError(f"drafter proposed token ids outside the target vocabulary ({vocab_size}): {bad[:5]}")

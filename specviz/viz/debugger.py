@@ -491,16 +491,21 @@ def why_proposed(round_: Round, index: int, *, context: Sequence[str] | None = N
     if isinstance(source, str):
         reasons.append(_hybrid_reason(round_, source))
     lookup = _at(round_.meta.get("lookup"), index)
+    retrieved = _at(round_.meta.get("retrieval"), index)
     block = round_.meta.get("block")
     if isinstance(lookup, dict):
         reasons.append(_lookup_reason(round_, index, lookup, context, prompt_tokens))
+    elif isinstance(retrieved, dict):
+        reasons.append(_retrieval_reason(round_, retrieved))
+    elif isinstance(_at(round_.meta.get("pool_origin"), index), str):
+        reasons.append(_pool_reason(round_, index, _at(round_.meta.get("pool_origin"), index)))
     elif isinstance(block, dict):
         reasons.append(_block_reason(round_, index, block))
     elif round_.q_draft is not None:
         reasons.append(_q_reason(round_, index))
     confidence = _at(round_.confidence, index)
     if confidence is not None:
-        reasons.append(_confidence_reason(round_, confidence, isinstance(lookup, dict)))
+        reasons.append(_confidence_reason(round_, confidence, isinstance(lookup, dict), isinstance(retrieved, dict)))
     if not reasons:
         reasons.append("the drafter recorded no reason for it (no probability, no match)")
     return "<b>Why proposed:</b> " + "; ".join(reasons) + "."
@@ -534,6 +539,28 @@ def _lookup_reason(round_: Round, index: int, lookup: dict, context: Sequence[st
             f"{source})")
 
 
+def _retrieval_reason(round_: Round, node: dict) -> str:
+    """The retrieval drafter's node: how often the stores continued the matched text with this path, and where."""
+    match = round_.meta.get("retrieved") if isinstance(round_.meta.get("retrieved"), dict) else {}
+    length, text = match.get("length"), match.get("text")
+    matched = (f"the context's last {length} token{'s' if length != 1 else ''}" if isinstance(length, int)
+               else "the context's end") + (f" ({escape(_quoted(text))})" if isinstance(text, str) else "")
+    sources = node.get("sources") if isinstance(node.get("sources"), dict) else {}
+    where = ", ".join(f"{escape(str(name))} {count}×" for name, count in sources.items())
+    return (f"retrieval found {matched} {match.get('occurrences', '?')} times in its stores; {node.get('count', '?')} "
+            f"of the {node.get('of', '?')} occurrences that reached this node's parent went on with this token"
+            + (f" (from {where})" if where else ""))
+
+
+def _pool_reason(round_: Round, index: int, origin: str) -> str:
+    """Lookahead's node: an n-gram of its pool that starts with the last committed token."""
+    window = round_.meta.get("lookahead") if isinstance(round_.meta.get("lookahead"), dict) else {}
+    held = window.get("candidates")
+    return (f"lookahead's n-gram pool held {held if isinstance(held, int) else 'some'} n-gram"
+            f"{'' if held == 1 else 's'} starting with the last committed token; this node is token "
+            f"{round_.depth[index]} of one of them, harvested from {escape(origin)}")
+
+
 def _block_reason(round_: Round, index: int, block: dict) -> str:
     """A block drafter's node at depth d is the block's draft d, all drafted in one forward."""
     depth, q = round_.depth[index], _at(round_.q_draft, index)
@@ -560,7 +587,10 @@ def _q_reason(round_: Round, index: int) -> str:
     return f"{by}the drafter kept it at its parent with q = {fmt_prob(q)}"
 
 
-def _confidence_reason(round_: Round, confidence: float, lookup: bool) -> str:
+def _confidence_reason(round_: Round, confidence: float, lookup: bool, retrieved: bool = False) -> str:
+    if retrieved:
+        return (f"its confidence ĉ = {fmt_prob(confidence)} is its path's score, the product of each step's "
+                "frequency in the stores")
     if lookup and round_.meta.get("survival") is not None:
         return (f"its confidence ĉ = {fmt_prob(confidence)} is the chance, from how this run's earlier lookup "
                 "drafts fared (½ with no evidence), that the drafts survive down to it")

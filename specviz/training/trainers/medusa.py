@@ -103,7 +103,7 @@ class MedusaTrainer(Trainer):
 
     def _record(self, student: medusa.MedusaHeads, features: torch.Tensor, logits: torch.Tensor | None = None) -> None:
         """Add this sequence's per-head top-k hits against the target's choices (its argmax on each feature)."""
-        output = student._borrowed["output"]
+        output = student.borrowed.output
         chosen = output(features.to(output.weight.dtype)).argmax(-1)
         accuracy, counts = medusa.head_accuracy(student, features, chosen, topk=int(self.opts["choice_topk"]),
                                                 logits=logits)
