@@ -19,7 +19,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 		$(BIN)/pip install -q torch; else $(BIN)/pip install -q $(CPU_TORCH); fi
 	$(BIN)/pip install -q -r requirements.txt -r requirements-dev.txt
 	$(BIN)/pip install -q --no-deps -e .
-	$(BIN)/python -c "import sys; from specviz.models import embedded; sys.exit(embedded.main())" >/dev/null
+	$(BIN)/python -c "import sys; from specviz.models import registry; sys.exit(registry.fetch_default())" >/dev/null
 	touch $(STAMP)
 
 run: $(STAMP)

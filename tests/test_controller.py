@@ -144,9 +144,9 @@ def test_whole_steps_run_once_and_reveal_a_round_per_call(tiny_targets):
     """ZeroGPU cannot hold a GPU between clicks: the first Step runs the generation, each Step shows one round."""
     calls = []
 
-    def stream(req):
+    def stream(req, **kwargs):
         calls.append(req)
-        return runner.stream(req)
+        return runner.stream(req, **kwargs)
 
     stepped = RunController(stream=stream, whole_steps=True).stepping(request(max_new_tokens=12))
     stepped.advance()
@@ -184,3 +184,21 @@ def test_a_leaving_visitor_s_run_stops_and_their_files_go(tiny_targets):
     assert other.outcome == controller.CLOSED and not other.alive
     staying.close()  # twice is harmless
     assert runner.active_runs() == 0
+
+
+def test_finished_answers_join_the_visitors_memory_and_retrieval_reuses_them(tiny_targets):
+    """Cache reuse: a visitor's second retrieval run drafts from their first answer; another visitor's memory stays
+    empty (no text of one visitor reaches another)."""
+    runs, other = RunController(), RunController()
+    first = runs.start(request(drafter="retrieval", max_new_tokens=12))
+    first.join()
+    assert first.outcome == "finished" and len(runs.memory) == 1
+    answer = [t for r in first.record.rounds for t in r.committed]
+    assert runs.memory.index().forward[: len(answer)].tolist() == answer
+    second = runs.start(request(drafter="retrieval", max_new_tokens=12))
+    second.join()
+    sources = {label for r in second.record.rounds for label in r.meta.get("node_labels", [])}
+    assert "answer 1 of this session" in sources
+    assert len(other.memory) == 0 and other.memory is not runs.memory
+    copied = copy.deepcopy(Session())  # a fresh visitor's state still copies like data
+    assert len(copied.runs.memory) == 0

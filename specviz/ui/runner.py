@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 from specviz import api, settings
 from specviz.drafters import registry
+from specviz.drafters.suffix_store import SessionMemory
 from specviz.engine.round import Round
 from specviz.errors import SpecvizError
 from specviz.ui import zerogpu
@@ -152,13 +153,14 @@ def _count_run(step: int) -> None:
 
 # ---- the GPU-using generators ----------------------------------------------------------------------------------
 @zerogpu.gpu
-def stream(request: RunRequest, fallback_note: str = "") -> Iterator[object]:
+def stream(request: RunRequest, fallback_note: str = "", memory: SessionMemory | None = None) -> Iterator[object]:
     """Load, then run speculative decoding with plain decoding stepped between its rounds, yielding one event per
     step. Errors: ``SpecvizError``.
-    ``fallback_note`` (a ZeroGPU run moved to the CPU) goes into the trace header, where the run label shows it."""
+    ``fallback_note`` (a ZeroGPU run moved to the CPU) goes into the trace header, where the run label shows it.
+    ``memory``: the visitor's earlier answers, which a retrieval drafter may reuse."""
     values = request.values()
     target, load_s, first = load_target(request.target, request.target_forward, request.device)
-    drafter = api.make_drafter(request.drafter, target, values)
+    drafter = api.make_drafter(request.drafter, target, values, memory=memory)
     prompt_ids = target.encode_prompt(request.prompt, chat=request.chat)
     run = api.start(target, prompt_ids, drafter, request.budget(), request.config())
     header = api.header_for(run, request.prompt, request.chat)

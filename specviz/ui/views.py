@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from specviz.viz import charts, diagnostics, panels
 from specviz.viz.confidence import confidence_spec
+from specviz.viz.lookahead import window_spec
 from specviz.viz.record import RunRecord
 from specviz.viz.tokens import tokens_html
 from specviz.viz.tree_figure import tree_spec
@@ -85,6 +86,7 @@ class RunView:
     charts: gr.Plot
     confidence: gr.Plot
     warnings: gr.HTML
+    window: gr.Plot
 
     @classmethod
     def build(cls, prefix: str = "", *, intro: str = "") -> RunView:
@@ -107,17 +109,19 @@ class RunView:
         confidence = gr.Plot(plot(confidence_spec([])), label="drafter confidence: the round's block and the run's "
                              "calibration", elem_id=f"{prefix}confidence")
         warnings = gr.HTML("", elem_id=f"{prefix}warnings")
+        window = gr.Plot(label="lookahead: the Jacobi window of the round", elem_id=f"{prefix}window",
+                         visible=False)
         return cls(status, speedup, tree, round_slider, round_info, tokens, metrics, charts_plot, confidence,
-                   warnings)
+                   warnings, window)
 
     @property
     def outputs(self) -> list:
         return [self.status, self.speedup, self.tree, self.round_slider, self.round_info, self.tokens, self.metrics,
-                self.charts, self.confidence, self.warnings]
+                self.charts, self.confidence, self.warnings, self.window]
 
     @property
     def round_outputs(self) -> list:
-        return [self.tree, self.round_info, self.tokens, self.confidence]
+        return [self.tree, self.round_info, self.tokens, self.confidence, self.window]
 
     def render(self, record: RunRecord | None, *, status: str | None = None, level: str = "info",
                heavy: bool = True, running: bool = False, index: int | None = None) -> dict:
@@ -144,7 +148,8 @@ class RunView:
         ``confidence`` the confidence panel (that round's block, the run's calibration)."""
         if record is None or not record.rounds:
             updates = {self.tree: plot(tree_spec(None)), self.round_info: panels.round_info_html(None),
-                       self.tokens: tokens_html(record.prompt_pieces if record else None, [], caret=running)}
+                       self.tokens: tokens_html(record.prompt_pieces if record else None, [], caret=running),
+                       self.window: gr.update(visible=False)}
             index = 0
         else:
             index = max(0, min(int(index), len(record.rounds) - 1))
@@ -154,6 +159,8 @@ class RunView:
                 self.round_info: panels.round_info_html(round_, len(record.rounds)),
                 self.tokens: tokens_html(record.prompt_pieces, record.rounds, selected=index, caret=running),
             }
+            window = window_spec(round_)  # lookahead's Jacobi window, where the round has one
+            updates[self.window] = gr.update(value=plot(window), visible=True) if window else gr.update(visible=False)
         if confidence:
             drafter = record.header.get("drafter") if record else None
             curve = drafter.get("greedy_curve") if isinstance(drafter, dict) and record.greedy else None
