@@ -36,8 +36,10 @@ from specviz.errors import SpecvizError
 
 #: The longest context suffix looked up (SuffixDecoding walks its tree this deep at most).
 MAX_MATCH = 32
-#: Draft at most this many tokens per matched token (SuffixDecoding's ``max_spec_factor``).
-SPEC_FACTOR = 1.0
+#: Draft at most this many tokens per matched token (SuffixDecoding's ``max_spec_factor``, 1 in vLLM, where a batch
+#: shares the GPU). Four here: one stream verifies a few more tokens almost for free on a CPU (the verify-cost curve
+#: in BENCHMARKS.md), and the draft budget caps the tree anyway.
+SPEC_FACTOR = 4.0
 #: Nodes whose path score (the product of the steps' empirical frequencies) falls below this are not drafted
 #: (SuffixDecoding's ``min_token_prob``).
 MIN_PROBABILITY = 0.1
@@ -219,7 +221,7 @@ FAMILY = register(DrafterFamily(
     title="retrieval (suffix match, cache reuse)",
     description="SuffixDecoding/REST: the most frequent continuations of the context's longest match in the prompt, "
                 "this answer, this session's earlier answers and an optional corpus, as a tree scored by frequency "
-                f"and sized by the match length (up to {SPEC_FACTOR:g} token per matched token); no model, no draft "
+                f"and sized by the match length (up to {SPEC_FACTOR:g} tokens per matched token); no model, no draft "
                 "probabilities",
     build=_build,
     check=_check,
