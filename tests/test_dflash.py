@@ -26,6 +26,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from specviz import resources
 from specviz.drafters import ddtree, registry
 from specviz.drafters import dflash_layouts as layouts
+from specviz.drafters.checkpoint_files import TargetShape, read_config, read_tensors
 from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash import (
     GREEDY_CALIBRATION_KEY,
@@ -56,8 +57,8 @@ NEW_TOKENS = 40
 #: Verify cost rising steeply with width: the schedule cuts most rounds short of the budget.
 STEEP = CostCurve.from_points({1: 1.0, 2: 1.2, 4: 3.0, 8: 9.0}, "steep (test)")
 LAYOUT_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # published configs and key names, see README.md
-SMOLLM2 = layouts.TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
-QWEN3_8B = layouts.TargetShape(hidden_size=4096, num_layers=36, vocab_size=151936)
+SMOLLM2 = TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
+QWEN3_8B = TargetShape(hidden_size=4096, num_layers=36, vocab_size=151936)
 
 
 def fit(model: DFlashBackbone, net: torch.nn.Module, steps: int = 60, seed: int = 0) -> DFlashBackbone:
@@ -630,9 +631,9 @@ def test_every_published_config_is_recognised_and_read():
     assert set(files) == set(PUBLISHED), "a layout file was added or renamed: list it here"
     for name, dialect in PUBLISHED.items():
         config = _published(name)
-        assert layouts.dialect_of(config) == dialect
-        shape = layouts.TargetShape(config["hidden_size"], config["num_target_layers"], config["vocab_size"])
-        spec = layouts.block_spec(config, shape)
+        assert layouts.FORMAT.layout_of(config).name == dialect
+        shape = TargetShape(config["hidden_size"], config["num_target_layers"], config["vocab_size"])
+        spec = layouts.FORMAT.spec_of(config, shape)
         ids = config["dflash_config"]["target_layer_ids"]
         assert spec.feature_layers == tuple(i + 1 for i in ids)
         assert spec.block_size == config["block_size"]
@@ -645,12 +646,12 @@ def test_every_published_config_is_recognised_and_read():
             assert spec.markov_rank == 256 and spec.markov_type == "vanilla"
             assert spec.confidence_head and spec.confidence_with_markov
         for wrong in (SMOLLM2, replace(shape, vocab_size=shape.vocab_size + 1), replace(shape, num_layers=30)):
-            got, reason = layouts.verdict(config, wrong)
+            got, reason = layouts.FORMAT.verdict(config, wrong)
             assert got == dialect and reason is not None and "\n" not in reason
-    qwen8 = layouts.block_spec(_published("dflash__sgl-project__SpecForge__configs_qwen3-8b-dflash.json"), QWEN3_8B)
+    qwen8 = layouts.FORMAT.spec_of(_published("dflash__sgl-project__SpecForge__configs_qwen3-8b-dflash.json"), QWEN3_8B)
     assert qwen8.feature_layers == (2, 10, 18, 26, 34) and qwen8.mask_token_id == 151669
     big = _published("dspark__sgl-project__SpecForge__configs_qwen3.6-27b-dspark.json")
-    assert layouts.block_spec(big, layouts.TargetShape(5120, 64, 248320)).feature_layers == (3, 18, 33, 48, 63)
+    assert layouts.FORMAT.spec_of(big, TargetShape(5120, 64, 248320)).feature_layers == (3, 18, 33, 48, 63)
 
 
 def test_deepspec_top_level_config_and_zlab_variants():
@@ -660,14 +661,14 @@ def test_deepspec_top_level_config_and_zlab_variants():
     deepspec = {k: v for k, v in source.items() if k not in ("dflash_config", "auto_map")}
     deepspec.update({k: v for k, v in source["dflash_config"].items() if k not in ("projector_type",)})
     deepspec["architectures"] = ["Qwen3DSparkModel"]
-    assert layouts.dialect_of(deepspec) == "deepspec"
-    assert layouts.block_spec(deepspec, QWEN3_8B) == layouts.block_spec(source, QWEN3_8B)
+    assert layouts.FORMAT.layout_of(deepspec).name == "deepspec"
+    assert layouts.FORMAT.spec_of(deepspec, QWEN3_8B) == layouts.FORMAT.spec_of(source, QWEN3_8B)
     zlab = _published("dflash__sgl-project__SpecForge__configs_qwen3-8b-dflash.json")
     nested = {**{k: v for k, v in zlab.items() if k != "block_size"},
               "dflash_config": {**zlab["dflash_config"], "block_size": 10}}
-    assert layouts.block_spec(nested, QWEN3_8B).block_size == 10
+    assert layouts.FORMAT.spec_of(nested, QWEN3_8B).block_size == 10
     no_ids = {**zlab, "dflash_config": {"mask_token_id": 151669}}
-    assert layouts.block_spec(no_ids, QWEN3_8B).feature_layers == (2, 10, 18, 26, 34)
+    assert layouts.FORMAT.spec_of(no_ids, QWEN3_8B).feature_layers == (2, 10, 18, 26, 34)
     refusals = {"gated": ({**deepspec, "markov_head_type": "gated"}, "'gated' Markov head is not supported"),
                 "unknown": ({**deepspec, "markov_head_type": "lstm"}, "unknown Markov head type 'lstm'"),
                 "final norm": ({**deepspec, "target_layer_ids": [1, 35]}, r"hidden_states\[36\] is after"),
@@ -678,7 +679,7 @@ def test_deepspec_top_level_config_and_zlab_variants():
                 "not dflash": ({"architectures": ["LlamaForCausalLM"]}, "not a DFlash or DSpark")}
     for name, (config, message) in refusals.items():
         with pytest.raises(SpecvizError, match=message) as error:
-            layouts.block_spec(config, QWEN3_8B)
+            layouts.FORMAT.spec_of(config, QWEN3_8B)
         assert "\n" not in str(error.value), name
 
 
@@ -699,8 +700,8 @@ def test_our_drafters_resaved_in_each_layout_draft_identically(tmp_path, setup):
     target = targets["hf"]
     for index, (model, layout) in enumerate(variants(models)):
         folder = save_drafter(model, tmp_path / f"{index}-{layout}", target_name="tiny", layout=layout)
-        config = layouts.read_config(folder)
-        assert layouts.dialect_of(config) == layout
+        config = read_config(folder)
+        assert layouts.FORMAT.layout_of(config).name == layout
         loaded = load_drafter(folder, target.model)
         assert loaded.spec == model.spec, layout
         budget = DraftBudget(tree=True, width=3, depth=4, max_nodes=8) if model.spec.kind == "dflash" else \
@@ -752,8 +753,6 @@ def test_drafters_for_a_tied_target_resave_in_each_layout_and_draft_identically(
 def test_written_layouts_hold_the_published_names(tmp_path, setup):
     """z-lab checkpoints hold the body only (speculators' converter fixture names it); DeepSpec's carry copies of the
     target's embedding and output layer; ours records them instead of storing them."""
-    from specviz.drafters.eagle_layouts import read_tensors
-
     targets, _, models = setup
     keys = {}
     for model, layout in variants(models):
@@ -771,12 +770,13 @@ def test_written_layouts_hold_the_published_names(tmp_path, setup):
 def test_flattened_model_optimizer_names_load(tmp_path, setup):
     from safetensors.torch import save_file
 
-    from specviz.drafters.eagle_layouts import read_tensors
-
     targets, _, models = setup
     folder = save_drafter(models["dspark"], tmp_path / "modelopt", target_name="tiny", layout="specforge-dspark")
     tensors = read_tensors(folder)
-    renamed = {({v: k for k, v in layouts.ALIASES.items()}).get(name, name): value for name, value in tensors.items()}
+    flat = {"markov_head.markov_w1.weight": "markov_w1.weight", "markov_head.markov_w2.weight": "markov_w2.weight",
+            "confidence_head.proj.weight": "confidence_proj.weight",
+            "confidence_head.proj.bias": "confidence_proj.bias"}  # NVIDIA Model-Optimizer's flattened names
+    renamed = {flat.get(name, name): value for name, value in tensors.items()}
     assert "markov_w1.weight" in renamed and "confidence_proj.bias" in renamed
     save_file(renamed, str(folder / "model.safetensors"))
     loaded = load_drafter(folder, targets["hf"].model)
@@ -785,8 +785,6 @@ def test_flattened_model_optimizer_names_load(tmp_path, setup):
 
 
 def test_bin_checkpoints_load_only_as_plain_tensors(tmp_path, setup):
-    from specviz.drafters.eagle_layouts import read_tensors
-
     targets, _, models = setup
     folder = save_drafter(models["dflash"], tmp_path / "st", target_name="tiny", layout="zlab-dflash")
     binary = tmp_path / "bin"
@@ -809,14 +807,12 @@ class _Unsafe:
 def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):
     from safetensors.torch import save_file
 
-    from specviz.drafters.eagle_layouts import read_tensors
-
     targets, _, models = setup
     net = targets["hf"].model
 
     def broken(name: str, kind: str, layout: str, edit) -> Path:
         folder = save_drafter(models[kind], tmp_path / name, target_name="tiny", layout=layout)
-        tensors, config = read_tensors(folder), layouts.read_config(folder)
+        tensors, config = read_tensors(folder), read_config(folder)
         edit(tensors, config)
         save_file(tensors, str(folder / "model.safetensors"))
         (folder / "config.json").write_text(json.dumps(config))

@@ -20,6 +20,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from specviz.drafters import eagle_layouts as layouts
 from specviz.drafters import registry
+from specviz.drafters.checkpoint_files import TargetShape, read_config, read_tensors
 from specviz.drafters.eagle import (
     EagleDrafter,
     EagleHead,
@@ -43,7 +44,7 @@ NEW_TOKENS = 48
 SHAPES = [DraftBudget(k=1), DraftBudget(k=4), DraftBudget(tree=True, width=2, depth=3, max_nodes=6),
           DraftBudget(tree=True, width=4, depth=5, max_nodes=24)]
 LAYOUT_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # published configs and key names, see README.md
-SMOLLM2 = layouts.TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
+SMOLLM2 = TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
 
 
 def fit(head: EagleHead, net: torch.nn.Module, steps: int = 100, seed: int = 0, unrolled: int = 2) -> EagleHead:
@@ -257,17 +258,17 @@ def test_layer_id_conventions_of_the_dialects():
     base = {**_adapted_llama(SMOLLM2), "draft_vocab_size": 4096}
     specforge = {**base, "architectures": ["LlamaForCausalLMEagle3"],
                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}}
-    assert layouts.head_spec(specforge, SMOLLM2).feature_layers == (2, 15, 27)
+    assert layouts.FORMAT.spec_of(specforge, SMOLLM2).feature_layers == (2, 15, 27)
     top_level = {**base, "architectures": ["LlamaForCausalLMEagle3"], "eagle_aux_hidden_state_layer_ids": [1, 14, 26]}
-    assert layouts.head_spec(top_level, SMOLLM2).feature_layers == (2, 15, 27)
+    assert layouts.FORMAT.spec_of(top_level, SMOLLM2).feature_layers == (2, 15, 27)
     speculators = _speculators_config(base, ids=[2, 15, 27])
-    assert layouts.head_spec(speculators, SMOLLM2).feature_layers == (2, 15, 27)
+    assert layouts.FORMAT.spec_of(speculators, SMOLLM2).feature_layers == (2, 15, 27)
     official = {**base, "architectures": ["LlamaForCausalLM"]}
-    assert layouts.head_spec(official, SMOLLM2).feature_layers == (2, 15, 27)
+    assert layouts.FORMAT.spec_of(official, SMOLLM2).feature_layers == (2, 15, 27)
     with pytest.raises(SpecvizError, match="ambiguous"):
-        layouts.head_spec({**official, "eagle_aux_hidden_state_layer_ids": [2, 15, 27]}, SMOLLM2)
+        layouts.FORMAT.spec_of({**official, "eagle_aux_hidden_state_layer_ids": [2, 15, 27]}, SMOLLM2)
     with pytest.raises(SpecvizError, match=r"hidden_states\[30\] is after the final norm"):
-        layouts.head_spec(_speculators_config(base, ids=[2, 15, 30]), SMOLLM2)
+        layouts.FORMAT.spec_of(_speculators_config(base, ids=[2, 15, 30]), SMOLLM2)
 
 
 # ---- sampling: the output distribution is the target's -----------------------------------------------------------
@@ -345,7 +346,7 @@ EXPECTED_DIALECT = {
     "eagle3__sgl-project__SpecForge__configs_qwen3-30B-A3B-eagle3.1.json": "eagle3-specforge",
     "eagle3__sgl-project__SpecForge__configs_qwen3-8b-eagle3.json": "eagle3-specforge",
 }
-TINY = layouts.TargetShape(hidden_size=32, num_layers=LAYERS, vocab_size=VOCAB)
+TINY = TargetShape(hidden_size=32, num_layers=LAYERS, vocab_size=VOCAB)
 
 
 def published_configs() -> list[Path]:
@@ -358,13 +359,13 @@ def test_every_published_eagle_config_is_recognised_and_judged():
     for path in files:
         config = json.loads(path.read_text())
         for shape in (TINY, SMOLLM2):
-            dialect, reason = layouts.verdict(config, shape)
+            dialect, reason = layouts.FORMAT.verdict(config, shape)
             assert dialect == EXPECTED_DIALECT[path.name]
             assert reason is not None and reason.startswith("hidden size mismatch") and "\n" not in reason, reason
         # the same config reshaped for the tiny target is accepted, and its dialect's fields are read
         adapted = _reshaped(config, TINY)
-        assert layouts.verdict(adapted, TINY) == (EXPECTED_DIALECT[path.name], None)
-        spec = layouts.head_spec(adapted, TINY)
+        assert layouts.FORMAT.verdict(adapted, TINY) == (EXPECTED_DIALECT[path.name], None)
+        spec = layouts.FORMAT.spec_of(adapted, TINY)
         if spec.kind == "eagle":
             assert spec.fc_bias == config.get("bias", True)  # EAGLE-1's loader: bias on unless the config says no
             assert spec.feature_layers == (TINY.num_layers,) and not spec.logits_norm
@@ -373,12 +374,12 @@ def test_every_published_eagle_config_is_recognised_and_judged():
             assert spec.own_lm_head and spec.draft_vocab_size == adapted["draft_vocab_size"]
     deepseek = json.loads((LAYOUT_DIR / "eagle3__sgl-project__SpecForge__configs_deepseek-v3-671b-eagle3.json")
                           .read_text())
-    sixty_one = layouts.TargetShape(hidden_size=deepseek["hidden_size"], num_layers=61,
+    sixty_one = TargetShape(hidden_size=deepseek["hidden_size"], num_layers=61,
                                     vocab_size=deepseek["vocab_size"])
-    spec = layouts.head_spec(deepseek, sixty_one)  # its nested ids [1, 29, 57] are EAGLE's default for 61 layers
+    spec = layouts.FORMAT.spec_of(deepseek, sixty_one)  # its nested ids [1, 29, 57] are EAGLE's default for 61 layers
     assert spec.feature_layers == (2, 30, 58) == layouts.default_feature_layers("eagle3", 61)
     llama70 = json.loads((LAYOUT_DIR / "eagle3__sgl-project__SpecForge__configs_llama3-70B-ealge3.json").read_text())
-    spec70 = layouts.head_spec(llama70, layouts.TargetShape(8192, 80, 128256))
+    spec70 = layouts.FORMAT.spec_of(llama70, TargetShape(8192, 80, 128256))
     assert spec70.rope["rope_type"] == "llama3" and spec70.rope["rope_theta"] == 500000.0
     assert spec70.head_dim == 128 and spec70.draft_vocab_size == 32000
 
@@ -386,14 +387,14 @@ def test_every_published_eagle_config_is_recognised_and_judged():
 def test_published_configs_refused_for_vocab_and_depth():
     config = _reshaped(json.loads((LAYOUT_DIR / "eagle3__sgl-project__SpecForge__configs_llama3-8B-eagle3.json")
                                   .read_text()), TINY)
-    _, reason = layouts.verdict(config, replace(TINY, vocab_size=VOCAB + 8))
+    _, reason = layouts.FORMAT.verdict(config, replace(TINY, vocab_size=VOCAB + 8))
     assert reason.startswith("vocabulary mismatch")
     nested = {**config, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
-    _, reason = layouts.verdict(nested, replace(TINY, num_layers=3))
+    _, reason = layouts.FORMAT.verdict(nested, replace(TINY, num_layers=3))
     assert "hidden_states[0..3]" in reason and "\n" not in reason
     hass = _reshaped(json.loads((LAYOUT_DIR / "eagle1__SafeAILab__EAGLE__eagle_train_vicuna_7B_config.json")
                                 .read_text()), TINY)
-    assert layouts.verdict({**hass, "num_hidden_layers": 2}, TINY)[1].startswith("the head has 2 decoder layers")
+    assert layouts.FORMAT.verdict({**hass, "num_hidden_layers": 2}, TINY)[1].startswith("the head has 2 decoder layers")
 
 
 def test_published_key_lists_are_the_names_we_read_and_write(tmp_path, setup):
@@ -404,19 +405,20 @@ def test_published_key_lists_are_the_names_we_read_and_write(tmp_path, setup):
     written = {}
     for kind, layout in (("eagle", "eagle1-official"), ("eagle3", "eagle3-official")):
         folder = save_head(heads[kind], tmp_path / layout, target_name="tiny", layout=layout)
-        written[layout] = set(layouts.read_tensors(folder))
+        written[layout] = set(read_tensors(folder))
     eagle1_keys = _key_names("eagle1__keys__vllm-project_speculators_tests_unit_convert_test_eagle_utils.txt")
     assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight"} <= written["eagle1-official"]
     assert eagle1_keys - written["eagle1-official"] == {"embed_layernorm.weight", "post_embedding_layernorm.weight"}
     eagle3_keys = _key_names("eagle3__keys__vllm-project_speculators_tests_unit_convert_test_eagle3_converter.txt")
     assert eagle3_keys <= written["eagle3-official"]
-    tensors = layouts.read_tensors(tmp_path / "eagle1-official")
+    tensors = read_tensors(tmp_path / "eagle1-official")
     tensors["embed_layernorm.weight"] = torch.ones(32)
     spec = heads["eagle"].spec
+    eagle1 = layouts.FORMAT["eagle1-official"]
     with pytest.raises(SpecvizError, match="HASS"):
-        layouts.to_head_state(tensors, spec, "eagle1-official")
-    assert build_head(model, spec, layouts.to_head_state(layouts.read_tensors(tmp_path / "eagle1-official"), spec,
-                                                         "eagle1-official"))
+        layouts.FORMAT.to_state(tensors, spec, eagle1)
+    assert build_head(model, spec, layouts.FORMAT.to_state(read_tensors(tmp_path / "eagle1-official"), spec,
+                                                           eagle1)[0])
 
 
 def test_eagle1_bias_follows_config_then_weights(tmp_path, setup):
@@ -426,11 +428,11 @@ def test_eagle1_bias_follows_config_then_weights(tmp_path, setup):
     no_bias = build_head(model, replace(heads["eagle"].spec, fc_bias=False))
     for head, expected in ((heads["eagle"], True), (no_bias, False)):
         folder = save_head(head, tmp_path / str(expected), target_name="tiny", layout="eagle1-official")
-        config = layouts.read_config(folder)
+        config = read_config(folder)
         assert config["bias"] is expected
         del config["bias"]
         (folder / "config.json").write_text(json.dumps(config))
-        assert layouts.head_spec(config, TINY).fc_bias  # config alone: EAGLE's default
+        assert layouts.FORMAT.spec_of(config, TINY).fc_bias  # config alone: EAGLE's default
         assert load_head(folder, model).spec.fc_bias is expected  # with the weights: what they hold
 
 
@@ -460,7 +462,7 @@ def test_our_heads_resaved_in_each_layout_draft_identically(tmp_path, setup):
     budget = DraftBudget(tree=True, width=3, depth=3, max_nodes=10)
     for index, (head, layout) in enumerate(variants(heads, target.model)):
         folder = save_head(head, tmp_path / f"{index}-{layout}", target_name="tiny", layout=layout)
-        assert layouts.dialect_of(layouts.read_config(folder), set(layouts.read_tensors(folder))) == layout
+        assert layouts.FORMAT.layout_of(read_config(folder), set(read_tensors(folder))).name == layout
         loaded = load_head(folder, target.model)
         assert loaded.spec == (head.spec if layout == "specviz" or head.spec.kind == "eagle"
                                else replace(head.spec, own_lm_head=True)), layout
@@ -471,7 +473,7 @@ def test_bin_checkpoints_load_only_as_plain_tensors(tmp_path, setup):
     targets, _, heads = setup
     model = targets["hf"].model
     folder = save_head(heads["eagle3"], tmp_path / "st", target_name="tiny", layout="eagle3-specforge")
-    tensors = layouts.read_tensors(folder)
+    tensors = read_tensors(folder)
     binary = tmp_path / "bin"
     binary.mkdir()
     (binary / "config.json").write_text((folder / "config.json").read_text())
@@ -498,8 +500,8 @@ def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):
 
     def broken(name: str, layout: str, edit) -> Path:
         folder = save_head(head, tmp_path / name, target_name="tiny", layout=layout)
-        tensors = layouts.read_tensors(folder)
-        config = layouts.read_config(folder)
+        tensors = read_tensors(folder)
+        config = read_config(folder)
         edit(tensors, config)
         save_file(tensors, str(folder / "model.safetensors"))
         (folder / "config.json").write_text(json.dumps(config))
@@ -579,7 +581,7 @@ def test_registry_specs(tmp_path, setup):
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
-def _adapted_llama(shape: layouts.TargetShape) -> dict:
+def _adapted_llama(shape: TargetShape) -> dict:
     return {"architectures": ["LlamaForCausalLM"], "hidden_size": shape.hidden_size, "intermediate_size": 64,
             "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": shape.vocab_size,
             "rms_norm_eps": 1e-5, "hidden_act": "silu", "max_position_embeddings": 256}
@@ -592,7 +594,7 @@ def _speculators_config(base: dict, ids: list[int]) -> dict:
             "eagle_aux_hidden_state_layer_ids": ids, "norm_before_residual": True}
 
 
-def _reshaped(config: dict, shape: layouts.TargetShape) -> dict:
+def _reshaped(config: dict, shape: TargetShape) -> dict:
     """A published config with its sizes replaced by ``shape``'s (every other field, flag and nesting kept)."""
     out = {**config, "hidden_size": shape.hidden_size, "intermediate_size": 2 * shape.hidden_size,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": shape.vocab_size,

@@ -20,8 +20,8 @@ from test_sampling_lossless import CONFIG, FAIL_P, PASS_P, Table, V, chi_square_
 from test_sampling_lossless import PROMPT as SAMPLING_PROMPT
 
 from specviz.drafters import medusa_layouts as layouts
-from specviz.drafters import mtp_layouts, registry
-from specviz.drafters.checkpoint_files import TargetShape
+from specviz.drafters import registry
+from specviz.drafters.checkpoint_files import TargetShape, tensor_index
 from specviz.drafters.medusa import (
     MedusaDrafter,
     MedusaHeads,
@@ -275,7 +275,7 @@ def test_fasterdecoding_pt_and_legacy_heads(tmp_path, setup):
     targets, _, heads = setup
     model, target = targets["hf"].model, targets["hf"]
     folder = save_heads(heads, tmp_path / "st", target_name="tiny", layout="medusa")
-    tensors = mtp_layouts.tensor_index(folder)[1](lambda _: True)
+    tensors = tensor_index(folder)[1](lambda _: True)
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / "config.json").write_text((folder / "config.json").read_text())
@@ -338,14 +338,15 @@ def test_published_module_layout_is_recognised():
     assert not head_bias and len(expected) == 12
     config = {"medusa_num_heads": heads, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}
     shape = TargetShape(hidden_size=4096, num_layers=32, vocab_size=vocab)
-    spec = layouts.medusa_spec(config, shape, shapes=expected)
+    spec = layouts.FORMAT.spec_of(config, shape, expected)
     assert spec.own_lm_head and spec.block_bias and spec.num_heads == 4 and spec.feature_layer == 32
-    ours = {layouts.published_name(k, "medusa", spec): s for k, s in layouts.expected_shapes(spec).items()}
+    env = layouts.FORMAT.env(spec)
+    ours = {layouts.FORMAT["medusa"].theirs(k, env): s for k, s in layouts.expected_shapes(spec).items()}
     assert ours == expected
-    assert layouts.dialect_of(config, set(expected)) == "medusa"
+    assert layouts.FORMAT.layout_of(config, set(expected)).name == "medusa"
     reason = None
     try:
-        layouts.medusa_spec(config, TargetShape(576, 30, 49152), shapes=expected)
+        layouts.FORMAT.spec_of(config, TargetShape(576, 30, 49152), expected)
     except SpecvizError as error:
         reason = str(error)
     assert reason.startswith("hidden size mismatch") and "\n" not in reason
@@ -360,7 +361,7 @@ def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):
     def broken(name: str, layout: str, edit) -> Path:
         folder = save_heads(heads, tmp_path / name, target_name="tiny", layout=layout)
         file = next(folder.glob("*.safetensors"))
-        tensors = mtp_layouts.tensor_index(folder)[1](lambda _: True)
+        tensors = tensor_index(folder)[1](lambda _: True)
         config = json.loads((folder / "config.json").read_text())
         edit(tensors, config)
         save_file(tensors, str(file))
@@ -387,7 +388,7 @@ def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):
     with pytest.raises(SpecvizError, match="trained for tiny"):
         load_heads(save_heads(heads, tmp_path / "ours", target_name="tiny"), other)
     with pytest.raises(SpecvizError, match="not a Medusa config"):
-        layouts.dialect_of({"model_type": "llama"})
+        layouts.FORMAT.layout_of({"model_type": "llama"})
     with pytest.raises(SpecvizError, match="config.json is missing"):
         load_heads(tmp_path, model)
     with pytest.raises(SpecvizError, match="hub is offline") as error:

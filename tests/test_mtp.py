@@ -21,7 +21,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from specviz.drafters import mtp_layouts as layouts
 from specviz.drafters import registry
-from specviz.drafters.checkpoint_files import TargetShape
+from specviz.drafters.checkpoint_files import TargetShape, read_config, tensor_index
 from specviz.drafters.mtp import MtpDrafter, MtpStack, build_stack, load_stack, new_stack, save_stack
 from specviz.engine import accept as accept_module
 from specviz.engine.drafter import DraftBudget
@@ -351,13 +351,13 @@ def test_published_conventions_by_hand(tmp_path, normed_stacks):
 
     with torch.no_grad():
         ours = layer.eh_proj(torch.cat([layer.enorm(emb), layer.hnorm(hid)], dim=-1))
-        mimo = layouts.tensor_index(save_stack(stack, tmp_path / "mimo", target_name="t", layout="mimo"))[1](
+        mimo = tensor_index(save_stack(stack, tmp_path / "mimo", target_name="t", layout="mimo"))[1](
             lambda _: True)
         p = "model.mtp_layers.0."
         by_mimo = torch.nn.functional.linear(torch.cat([rms(hid, mimo[p + "hidden_layernorm.weight"]),
                                                         rms(emb, mimo[p + "token_layernorm.weight"])], dim=-1),
                                              mimo[p + "input_proj.weight"])
-        qwen = layouts.tensor_index(save_stack(stack, tmp_path / "qwen", target_name="t", layout="qwen3-next"))[1](
+        qwen = tensor_index(save_stack(stack, tmp_path / "qwen", target_name="t", layout="qwen3-next"))[1](
             lambda _: True)
         by_qwen = torch.nn.functional.linear(torch.cat([rms(emb, 1 + qwen["mtp.pre_fc_norm_embedding.weight"]),
                                                         rms(hid, 1 + qwen["mtp.pre_fc_norm_hidden.weight"])], dim=-1),
@@ -421,27 +421,28 @@ def test_deepseek_v3_published_config_and_keys_are_recognised_and_refused_in_one
     smollm2 = TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
     assert layouts.module_count_field(config) == 1
     for shape in (sixty_one, smollm2):
-        dialect, reason = layouts.verdict(config, shape)
+        dialect, reason = layouts.FORMAT.verdict(config, shape)
         assert dialect == "deepseek-v3" and "multi-head latent attention" in reason and "\n" not in reason
     rows = _key_lines("mtp_deepseek__keys__simpx_model-inspect_README.txt")
     shapes = {name: tuple(int(x) for x in shape.strip("()").split(",") if x.strip()) for name, shape, _ in rows}
-    assert layouts.dialect_of(config, set(shapes)) == "deepseek-v3"
-    assert "multi-head latent attention" in layouts.verdict(config, sixty_one, shapes)[1]
+    assert layouts.FORMAT.layout_of(config, set(shapes)).name == "deepseek-v3"
+    assert "multi-head latent attention" in layouts.FORMAT.verdict(config, sixty_one, shapes)[1]
     layer = {k.removeprefix("model.layers.61."): s for k, s in shapes.items() if k.startswith("model.layers.61.")}
     spec = layouts.MtpSpec(num_modules=1, hidden_size=7168, intermediate_size=18432, num_heads=128, num_kv_heads=128,
                            head_dim=56, rms_norm_eps=1e-6, vocab_size=129280, feature_layer=61)
-    ours = {layouts.published_name(k, "deepseek-v3", 61).removeprefix("model.layers.61."): s
+    ours = {layouts.FORMAT["deepseek-v3"].theirs(k, {"L": 61, "k": 1}).removeprefix("model.layers.61."): s
             for k, s in layouts.expected_shapes(spec).items()}
     listed_own = {k: s for k, s in layer.items() if not k.startswith(("self_attn.", "mlp."))}
-    assert set(listed_own) - set(ours) == set(layouts.DEEPSEEK_SHARED)  # the stored copies we check, never load
+    shared = {"embed_tokens.weight", "shared_head.head.weight"}
+    assert set(listed_own) - set(ours) == shared  # the stored copies we check, never load
     assert all(ours[k] == s for k, s in listed_own.items() if k in ours)  # eh_proj (7168, 14336) = (H, 2H)
     for name in layer:  # every listed layer-61 tensor is one of ours, or a stored copy of the target's
-        mapped = layouts.our_names(f"model.layers.61.{name}", "deepseek-v3", 61, 1)
-        assert mapped == [] if name in layouts.DEEPSEEK_SHARED else set(mapped) <= set(layouts.expected_shapes(spec))
+        mapped = layouts.FORMAT["deepseek-v3"].ours(f"model.layers.61.{name}", {"L": 61, "k": 1})
+        assert mapped == [] if name in shared else set(mapped) <= set(layouts.expected_shapes(spec))
     negative = json.loads((LAYOUT_DIR / "mtp_deepseek__deepseek-ai__DeepSeek-V3__inference_configs_config_671B.json")
                           .read_text())
     with pytest.raises(SpecvizError, match="not an MTP checkpoint") as error:
-        layouts.dialect_of(negative)
+        layouts.FORMAT.layout_of(negative)
     assert "\n" not in str(error.value)
 
 
@@ -450,7 +451,7 @@ def test_qwen3_next_published_keys_are_the_names_we_write_and_match_mimo(tmp_pat
     the table's MiMo-style right column lands on the same tensors of ours as our MiMo layout."""
     targets, _, _ = setup
     folder = save_stack(normed_stacks[1], tmp_path / "q", target_name="tiny", layout="qwen3-next")
-    written = set(layouts.tensor_index(folder)[0])
+    written = set(tensor_index(folder)[0])
     rows = _key_lines("mtp_qwen3next__keys__vllm-project_speculators_src_speculators_convert_mtp_converter.txt")
     assert len(rows) == 5
     for native, _, right, kind in rows:
@@ -461,12 +462,12 @@ def test_qwen3_next_published_keys_are_the_names_we_write_and_match_mimo(tmp_pat
             assert any(name.startswith(native) for name in written), native
             pairs = [(name, right + name[len(native):]) for name in written if name.startswith(native)]
         for theirs, mimo in pairs:
-            assert layouts.our_names(theirs, "qwen3-next", LAYERS, 1) == layouts.our_names(f"model.{mimo}", "mimo",
-                                                                                            LAYERS, 1), theirs
-    config = layouts.read_config(folder)
-    assert layouts.dialect_of(config) == "qwen3-next" and config["mtp_num_hidden_layers"] == 1
+            env = {"L": LAYERS, "k": 1}
+            assert layouts.FORMAT["qwen3-next"].ours(theirs, env) == layouts.FORMAT["mimo"].ours(f"model.{mimo}", env)
+    config = read_config(folder)
+    assert layouts.FORMAT.layout_of(config).name == "qwen3-next" and config["mtp_num_hidden_layers"] == 1
     real = {**config, "model_type": "qwen3_next", "num_experts": 512, "partial_rotary_factor": 0.25}
-    reason = layouts.verdict(real, TargetShape(32, LAYERS, VOCAB))[1]
+    reason = layouts.FORMAT.verdict(real, TargetShape(32, LAYERS, VOCAB))[1]
     assert "mixture-of-experts" in reason and "\n" not in reason
 
 
@@ -474,8 +475,8 @@ def broken(tmp_path: Path, stack: MtpStack, name: str, layout: str, edit) -> Pat
     from safetensors.torch import save_file
 
     folder = save_stack(stack, tmp_path / name, target_name="tiny", layout=layout)
-    tensors = layouts.tensor_index(folder)[1](lambda _: True)
-    config = layouts.read_config(folder)
+    tensors = tensor_index(folder)[1](lambda _: True)
+    config = read_config(folder)
     edit(tensors, config)
     save_file(tensors, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(config))
@@ -532,7 +533,7 @@ def test_bin_checkpoints_load_only_as_plain_tensors(tmp_path, setup):
     targets, _, stacks = setup
     model = targets["hf"].model
     folder = save_stack(stacks[1], tmp_path / "st", target_name="tiny", layout="deepseek-v3")
-    tensors = layouts.tensor_index(folder)[1](lambda _: True)
+    tensors = tensor_index(folder)[1](lambda _: True)
     binary = tmp_path / "bin"
     binary.mkdir()
     (binary / "config.json").write_text((folder / "config.json").read_text())
@@ -602,7 +603,7 @@ def test_trainer_learns_and_saves_modules_that_draft(tmp_path):
     trainer.save_pretrained(stack, tmp_path / "final")
     loaded = load_stack(tmp_path / "final", target.model)
     assert loaded.spec == stack.spec
-    stored = layouts.tensor_index(tmp_path / "final")[0]
+    stored = tensor_index(tmp_path / "final")[0]
     assert set(stored) == set(layouts.expected_shapes(stack.spec))  # the borrowed embedding and head stay out
 
 
@@ -630,7 +631,7 @@ def test_a_module_step_equals_transformers_own_mtp_layer(tmp_path, setup, normed
         state = {name.replace(".block.", ".mtp_block.").replace(".norm.", ".post_norm."): value
                  for name, value in stack.state_dict().items()}
         if hidden_first:  # MiMo's input_proj, exactly as our saver writes it
-            saved = layouts.tensor_index(save_stack(stack, tmp_path / "mimo", target_name="t", layout="mimo"))[1](
+            saved = tensor_index(save_stack(stack, tmp_path / "mimo", target_name="t", layout="mimo"))[1](
                 lambda name: name.endswith("input_proj.weight"))
             state["layers.0.eh_proj.weight"] = saved["model.mtp_layers.0.input_proj.weight"]
         missing, unexpected = theirs.load_state_dict(state, strict=False)

@@ -49,8 +49,7 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
 from specviz.drafters import dflash_layouts as layouts
-from specviz.drafters.borrowed import Borrowed, check_same_target, rope_frequencies
-from specviz.drafters.checkpoint_files import read_tensors
+from specviz.drafters.borrowed import Borrowed, rope_frequencies
 from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash_layouts import BlockSpec
 from specviz.drafters.feature_drafter import FeatureDrafter
@@ -63,6 +62,7 @@ from specviz.drafters.head_parts import (
     rotate_half,
     target_parts,
 )
+from specviz.drafters.layouts import build
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine import cost_curve
@@ -271,33 +271,19 @@ def spec_for(model: nn.Module, kind: str, *, mask_token_id: int, block_size: int
     """
     if kind not in KINDS:
         raise SpecvizError(f"unknown block drafter kind {kind!r}; expected one of {', '.join(KINDS)}")
-    shape, _, _ = target_parts(model)
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    heads = int(config.num_attention_heads)
-    rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default",
-                                                              "rope_theta": getattr(config, "rope_theta", 10000.0)})
-    dspark = kind == "dspark"
+    layers, dspark = target_parts(model)[0].num_layers, kind == "dspark"
     return BlockSpec(
-        hidden_size=shape.hidden_size, intermediate_size=int(config.intermediate_size), num_layers=num_layers,
-        num_heads=heads, num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(config, "head_dim", None) or shape.hidden_size // heads),
-        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)), vocab_size=shape.vocab_size,
-        block_size=block_size or (7 if dspark else 8), mask_token_id=mask_token_id,
-        feature_layers=tuple(feature_layers or layouts.default_feature_layers(shape.num_layers)),
-        num_target_layers=shape.num_layers, anchor_predicts=dspark if anchor_predicts is None else anchor_predicts,
+        num_layers=num_layers, block_size=block_size or (7 if dspark else 8), mask_token_id=mask_token_id,
+        feature_layers=tuple(feature_layers or layouts.default_feature_layers(layers)), num_target_layers=layers,
+        anchor_predicts=dspark if anchor_predicts is None else anchor_predicts,
         markov_rank=markov_rank if dspark else 0, confidence_head=dspark and confidence_head,
-        confidence_with_markov=dspark and confidence_head and markov_rank > 0, rope=rope,
-        max_position_embeddings=int(getattr(config, "max_position_embeddings", 8192) or 8192))
+        confidence_with_markov=dspark and confidence_head and markov_rank > 0, **BlockSpec.fields_like(model))
 
 
 def build_model(model: nn.Module, spec: BlockSpec, state: dict[str, torch.Tensor] | None = None) -> DFlashBackbone:
     """A drafter for ``spec`` on ``model``'s device, borrowing its embedding and output layer; ``state`` loads
     weights (float32)."""
-    _, embedding, output = target_parts(model)
-    drafter = DFlashBackbone(spec, embedding, output).to(embedding.device)
-    if state is not None:
-        drafter.load_state_dict({k: v.to(embedding.device, torch.float32) for k, v in state.items()}, strict=True)
-    return drafter
+    return build(DFlashBackbone, model, spec, state)
 
 
 def new_model(model: nn.Module, kind: str, *, seed: int | None = None, dtype: torch.dtype = torch.float32,
@@ -313,21 +299,11 @@ def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, lay
                  dtype: torch.dtype | None = None) -> Path:
     """Write ``drafter`` as a loadable folder: our layout by default (borrowed tensors recorded, not stored, with the
     target embedding's fingerprint), or a published layout (``dflash_layouts.DIALECTS``) for interop. A greedy
-    calibration curve the drafter carries (``GREEDY_CALIBRATION_KEY``) is written into config.json in every layout."""
-    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
-
-    dtype = dtype or drafter.fc.weight.dtype
-    state = {k: v.to(dtype) for k, v in drafter.state_dict().items()}
-    embedding = drafter.borrowed.embedding
-    curve = getattr(drafter, "greedy_calibration", None)  # kept in every layout (their loaders ignore the key)
-    calibration = {} if curve is None else {GREEDY_CALIBRATION_KEY: curve.to_dict()}
-    if layout == "specviz":
-        record = {CONFIG_KEY: {"from": target_name, "tensors": ["embedding", "output"],
-                               "fingerprint": fingerprint(embedding)}}
-        return layouts.write(Path(folder), drafter.spec, state, layout, extra_config={**record, **calibration})
-    borrowed = {layouts.EMBEDDING_KEY: embedding.to(dtype),
-                layouts.OUTPUT_KEY: drafter.borrowed.output.weight.detach().to(dtype)}
-    return layouts.write(Path(folder), drafter.spec, state, layout, extra_config=calibration, borrowed=borrowed)
+    calibration curve the drafter carries (``GREEDY_CALIBRATION_KEY``) is written into config.json in every layout
+    (their loaders ignore the key)."""
+    curve = getattr(drafter, "greedy_calibration", None)
+    return layouts.FORMAT.save(drafter, folder, layout, target_name=target_name, dtype=dtype or drafter.fc.weight.dtype,
+                               config={} if curve is None else {GREEDY_CALIBRATION_KEY: curve.to_dict()})
 
 
 #: Our key in a DSpark config.json: the confidence head's ``ReliabilityCurve`` under greedy verification, fitted on
@@ -340,17 +316,9 @@ def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = Non
     target ``model``: hidden size, vocabulary, depth, feature layers, weight names and shapes, and, where the folder
     records or carries them, that the embedding and output layer are this target's. One-line errors naming the
     source."""
-    folder, name = checkpoint_files.resolve_source(source, "block drafter")
-    try:
-        config = layouts.read_config(folder)
-        dialect = layouts.dialect_of(config)
-        shape, embedding, output = target_parts(model)
-        spec = layouts.block_spec(config, shape, dialect)
+    def finish(spec: BlockSpec, state: dict[str, torch.Tensor], config: dict) -> DFlashBackbone:
         if kind is not None and spec.kind != kind:
             raise SpecvizError(f"it is a {TITLES[spec.kind]}, not a {TITLES[kind]}; load it as {spec.kind}:")
-        state, borrowed = layouts.to_state(read_tensors(folder), spec)
-        mine = {layouts.EMBEDDING_KEY: embedding, layouts.OUTPUT_KEY: output.weight}  # DeepSpec carries copies
-        check_same_target(config, embedding, {key: (borrowed[key], mine[key]) for key in mine if key in borrowed})
         built = build_model(model, spec, state)
         if config.get(GREEDY_CALIBRATION_KEY) is not None:
             curve = ReliabilityCurve.from_dict(config[GREEDY_CALIBRATION_KEY])
@@ -358,8 +326,7 @@ def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = Non
                 raise SpecvizError(f"its {GREEDY_CALIBRATION_KEY} was fitted under {curve.rule!r}, not greedy")
             built.greedy_calibration = curve
         return built
-    except SpecvizError as error:
-        raise SpecvizError(f"block drafter {name}: {error}") from None
+    return layouts.FORMAT.load(source, model, finish)
 
 
 # ---- the drafters -------------------------------------------------------------------------------------------------

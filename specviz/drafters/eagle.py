@@ -22,7 +22,6 @@ Heads load from our own folder or from published layouts (``specviz.drafters.eag
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
-from specviz.drafters.borrowed import Borrowed, check_same_target, rope_frequencies
+from specviz.drafters.borrowed import Borrowed, rope_frequencies
 from specviz.drafters.eagle_layouts import HeadSpec
 from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
@@ -44,6 +43,7 @@ from specviz.drafters.head_parts import (
     rope_attention,
     target_parts,
 )
+from specviz.drafters.layouts import build
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget
@@ -261,22 +261,12 @@ def spec_for(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = No
     """
     if kind not in KINDS:
         raise SpecvizError(f"unknown EAGLE kind {kind!r}; expected one of {', '.join(KINDS)}")
-    shape, _, _ = target_parts(model)
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    heads = int(config.num_attention_heads)
-    rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default",
-                                                              "rope_theta": getattr(config, "rope_theta", 10000.0)})
+    fields = HeadSpec.fields_like(model)
     return HeadSpec(
-        kind=kind, hidden_size=shape.hidden_size, intermediate_size=int(config.intermediate_size), num_heads=heads,
-        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(config, "head_dim", None) or shape.hidden_size // heads),
-        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)), vocab_size=shape.vocab_size,
-        draft_vocab_size=shape.vocab_size if draft_ids is None else int(draft_ids.numel()),
-        feature_layers=tuple(feature_layers or layouts.default_feature_layers(kind, shape.num_layers)),
-        rope=rope, max_position_embeddings=int(getattr(config, "max_position_embeddings", 8192) or 8192),
+        kind=kind, draft_vocab_size=fields["vocab_size"] if draft_ids is None else int(draft_ids.numel()),
+        feature_layers=tuple(feature_layers or layouts.default_feature_layers(kind, target_parts(model)[0].num_layers)),
         fc_bias=(kind == "eagle") if fc_bias is None else fc_bias,  # EAGLE-1's config default: bias on
-        logits_norm=kind == "eagle3",
-    )
+        logits_norm=kind == "eagle3", **fields)
 
 
 def new_head(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = None,
@@ -296,14 +286,7 @@ def new_head(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = No
 
 def build_head(model: nn.Module, spec: HeadSpec, state: dict[str, torch.Tensor] | None = None) -> EagleHead:
     """A head for ``spec`` on ``model``'s device, borrowing its embedding and output layer; ``state`` loads weights."""
-    from specviz.models import fast_forward
-
-    _, embedding, output = target_parts(model)
-    head = EagleHead(spec, embedding, output).to(embedding.device)
-    head.borrowed.output_packed = fast_forward.is_fast(model)
-    if state is not None:
-        head.load_state_dict({k: v.to(embedding.device) for k, v in state.items()}, strict=True)
-    return head
+    return build(EagleHead, model, spec, state)
 
 
 def draft_ids_from_counts(counts: torch.Tensor, size: int) -> torch.Tensor:
@@ -318,41 +301,18 @@ def save_head(head: EagleHead, folder: Path, *, target_name: str, layout: str = 
               dtype: torch.dtype | None = None) -> Path:
     """Write ``head`` as a loadable folder: our layout by default (borrowed tensors recorded, not stored, with
     the target embedding's fingerprint), or any published layout (``eagle_layouts.DIALECTS``) for interop."""
-    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
-
-    dtype = dtype or head.fc.weight.dtype
-    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in head.state_dict().items()}
-    embedding = head.borrowed.embedding
-    if layout == "specviz":
-        record = {CONFIG_KEY: {"from": target_name, "tensors": ["embedding"] + ([] if head.spec.own_lm_head
-                                                                                  else ["output"]),
-                               "fingerprint": fingerprint(embedding)}}
-        return layouts.write(Path(folder), head.spec, state, layout, extra_config=record)
-    spec = head.spec
-    if spec.kind == "eagle3" and not spec.own_lm_head:
-        state["lm_head.weight"] = head.output_weight().detach().to(dtype)
-        spec = replace(spec, own_lm_head=True)
-    return layouts.write(Path(folder), spec, state, layout, embedding=embedding.to(dtype))
+    return layouts.FORMAT.save(head, folder, layout, target_name=target_name, dtype=dtype or head.fc.weight.dtype)
 
 
 def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) -> EagleHead:
     """A head from a folder (or a hub id, when the hub is reachable) in any supported layout, checked against the
     target ``model``: hidden size, vocabulary, feature layers, weight names and shapes, and, where the folder
     records or carries the embedding, that it is this target's. Errors are one line naming the source."""
-    folder, name = checkpoint_files.resolve_source(source, "EAGLE head")
-    try:
-        config = layouts.read_config(folder)
-        tensors = layouts.read_tensors(folder)
-        dialect = layouts.dialect_of(config, set(tensors))
-        shape, embedding, _ = target_parts(model)
-        spec = layouts.head_spec(config, shape, dialect, set(tensors))
+    def finish(spec: HeadSpec, state: dict[str, torch.Tensor], config: dict) -> EagleHead:
         if kind is not None and spec.kind != kind:
             raise SpecvizError(f"it is an {TITLES[spec.kind]}, not an {TITLES[kind]}")
-        stored = tensors.get(layouts.EMBEDDING_KEY)
-        check_same_target(config, embedding, {} if stored is None else {layouts.EMBEDDING_KEY: (stored, embedding)})
-        return build_head(model, spec, layouts.to_head_state(tensors, spec, dialect))  # float32 weights
-    except SpecvizError as error:
-        raise SpecvizError(f"EAGLE head {name}: {error}") from None
+        return build_head(model, spec, state)  # float32 weights
+    return layouts.FORMAT.load(source, model, finish)
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------

@@ -35,9 +35,10 @@ from torch import nn
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import medusa_layouts as layouts
-from specviz.drafters.borrowed import Borrowed, check_same_target
+from specviz.drafters.borrowed import Borrowed
 from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import drafting_copy, inference_copy, output_projection, target_parts
+from specviz.drafters.layouts import build
 from specviz.drafters.medusa_layouts import MedusaSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine.drafter import DraftBudget
@@ -146,16 +147,7 @@ def spec_for(model: nn.Module, num_heads: int = 4, num_layers: int = 1) -> Medus
 
 
 def build_heads(model: nn.Module, spec: MedusaSpec, state: dict[str, torch.Tensor] | None = None) -> MedusaHeads:
-    from specviz.models import fast_forward
-
-    _, embedding, output = target_parts(model)
-    heads = MedusaHeads(spec, output, embedding).to(embedding.device)
-    heads.borrowed.output_packed = fast_forward.is_fast(model)
-    if state is not None:
-        heads.load_state_dict({k: v.to(embedding.device) if k == "token_map" else v.to(embedding.device,
-                                                                                        torch.float32)
-                               for k, v in state.items()}, strict=True)
-    return heads
+    return build(MedusaHeads, model, spec, state)
 
 
 def new_heads(model: nn.Module, num_heads: int = 4, num_layers: int = 1, *, seed: int | None = None,
@@ -178,49 +170,19 @@ def save_heads(heads: MedusaHeads, folder: Path, *, target_name: str, layout: st
                dtype: torch.dtype | None = None) -> Path:
     """Write ``heads`` as a loadable folder in our layout (borrowed output layer recorded with the target
     embedding's fingerprint, not stored) or a published one; ``choices`` (Medusa's format) ship with them."""
-    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
-
-    spec = heads.spec
-    dtype = dtype or next(heads.parameters()).dtype
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in heads.state_dict().items()}
-    config = layouts.config_for(spec, layout, target_name)
-    output = heads.borrowed.output
-    tensors = layouts.from_state(state, spec, layout, None if output is None else output.weight.to(dtype))
-    if layout == "specviz":
-        embedding = heads.borrowed.embedding
-        config[CONFIG_KEY] = {"from": target_name, "tensors": [] if spec.own_lm_head else ["output"],
-                              "fingerprint": fingerprint(embedding) if embedding is not None else []}
-    if choices is not None:
-        config[layouts.CHOICES_KEY] = [list(c) for c in check_choices(choices)]
-    config.update(extra or {})
-    filename = layouts.MEDUSA_FILES[0] if layout == "medusa" else "model.safetensors"
-    return checkpoint_files.write(Path(folder), config, tensors, filename)
+    config = {} if choices is None else {layouts.CHOICES_KEY: [list(c) for c in check_choices(choices)]}
+    return layouts.FORMAT.save(heads, folder, layout, target_name=target_name, dtype=dtype or heads.dtype,
+                               config={**config, **(extra or {})})
 
 
 def load_heads(source: str | Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
     """Heads (and their shipped tree choices, if any) from a folder or hub id in any supported layout, checked
     against the target ``model``; every error is one line naming the source."""
-    folder, name = checkpoint_files.resolve_source(source, "Medusa heads", ("*.safetensors", "medusa_lm_head.pt",
-                                                                            "pytorch_model.bin"))
-    try:
-        return _load(folder, model)
-    except SpecvizError as error:
-        raise SpecvizError(f"Medusa heads {name}: {error}") from None
-
-
-def _load(folder: Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
-    shape, embedding, output = target_parts(model)
-    config = checkpoint_files.read_config(folder, "Medusa")
-    shapes, read = checkpoint_files.tensor_index(folder, pickles=(layouts.MEDUSA_FILES[1], "pytorch_model.bin"))
-    if "medusa_num_heads" in config and any(k.startswith("medusa_head.") for k in shapes):
-        shapes = {k: s for k, s in shapes.items() if k.startswith("medusa_head.")}  # a Medusa-2 full model
-    dialect = layouts.dialect_of(config, set(shapes))
-    spec = layouts.medusa_spec(config, shape, dialect, shapes)
-    check_same_target(config, embedding, plural=True, fingerprint_required=False)  # exports may lack the target
-    state = layouts.to_state(read(lambda name: name in shapes), spec, dialect)
-    spec, state = _borrow_equal_heads(spec, state, output)
-    choices = config.get(layouts.CHOICES_KEY)
-    return build_heads(model, spec, state), None if choices is None else check_choices(choices)
+    def finish(spec: MedusaSpec, state: dict[str, torch.Tensor], config: dict) -> tuple[MedusaHeads, Choices | None]:
+        spec, state = _borrow_equal_heads(spec, state, target_parts(model)[2])
+        choices = config.get(layouts.CHOICES_KEY)
+        return build_heads(model, spec, state), None if choices is None else check_choices(choices)
+    return layouts.FORMAT.load(source, model, finish)
 
 
 def _borrow_equal_heads(spec: MedusaSpec, state: dict[str, torch.Tensor], output: nn.Module

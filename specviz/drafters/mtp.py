@@ -32,7 +32,7 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
-from specviz.drafters.borrowed import Borrowed, check_same_target, rope_frequencies
+from specviz.drafters.borrowed import Borrowed, rope_frequencies
 from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
     Attention,
@@ -43,6 +43,7 @@ from specviz.drafters.head_parts import (
     rope_attention,
     target_parts,
 )
+from specviz.drafters.layouts import build
 from specviz.drafters.mtp_layouts import MtpSpec
 from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
@@ -53,8 +54,6 @@ from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
 
 TITLE = "MTP modules"
-#: Files a hub download of MTP layers needs (besides the shards that hold them).
-HUB_FILES = ("*.safetensors", "pytorch_model.bin")
 
 
 # ---- the modules ------------------------------------------------------------------------------------------------
@@ -178,33 +177,17 @@ class MtpStack(nn.Module):
 def spec_for(model: nn.Module, num_modules: int = 1, *, feed_normed: bool = False) -> MtpSpec:
     """The spec of MTP modules of ours for ``model``: blocks shaped like the target's decoder layers, reading
     ``hidden_states[L]`` (after the final norm, as the published layers are fed)."""
-    shape, _, _ = target_parts(model)
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    heads = int(config.num_attention_heads)
+    fields = MtpSpec.fields_like(model)
+    fields["rope"].pop("partial_rotary_factor", None)
     first = model.get_decoder().layers[0].self_attn
-    rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default",
-                                                              "rope_theta": getattr(config, "rope_theta", 10000.0)})
-    rope.pop("partial_rotary_factor", None)
-    return MtpSpec(
-        num_modules=num_modules, hidden_size=shape.hidden_size, intermediate_size=int(config.intermediate_size),
-        num_heads=heads, num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(config, "head_dim", None) or shape.hidden_size // heads),
-        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)), vocab_size=shape.vocab_size,
-        feature_layer=shape.num_layers, rope=rope,
-        max_position_embeddings=int(getattr(config, "max_position_embeddings", 8192) or 8192),
-        attention_bias=first.q_proj.bias is not None, qk_norm=hasattr(first, "q_norm"), feed_normed=feed_normed)
+    return MtpSpec(num_modules=num_modules, feature_layer=target_parts(model)[0].num_layers,
+                   attention_bias=first.q_proj.bias is not None, qk_norm=hasattr(first, "q_norm"),
+                   feed_normed=feed_normed, **fields)
 
 
 def build_stack(model: nn.Module, spec: MtpSpec, state: dict[str, torch.Tensor] | None = None) -> MtpStack:
     """Modules for ``spec`` on ``model``'s device, borrowing its embedding and output layer; ``state`` loads them."""
-    from specviz.models import fast_forward
-
-    _, embedding, output = target_parts(model)
-    stack = MtpStack(spec, embedding, output).to(embedding.device)
-    stack.borrowed.output_packed = fast_forward.is_fast(model)
-    if state is not None:
-        stack.load_state_dict({k: v.to(embedding.device, torch.float32) for k, v in state.items()}, strict=True)
-    return stack
+    return build(MtpStack, model, spec, state)
 
 
 def new_stack(model: nn.Module, num_modules: int = 1, *, seed: int | None = None, feed_normed: bool = False,
@@ -219,58 +202,13 @@ def save_stack(stack: MtpStack, folder: Path, *, target_name: str, layout: str =
                dtype: torch.dtype | None = None) -> Path:
     """Write ``stack`` as a loadable folder: our layout (borrowed tensors recorded with the embedding's
     fingerprint, not stored) or a published one (``mtp_layouts.DIALECTS``), for interop and tests."""
-    from specviz.models.shared_embedding import CONFIG_KEY, fingerprint
-
-    dtype = dtype or stack.dtype
-    state = {k: v.to(dtype) for k, v in stack.state_dict().items()}
-    num_layers = target_layers(stack)
-    config = layouts.config_for(stack.spec, layout, num_layers)
-    tensors = layouts.from_state(state, stack.spec, layout, num_layers)
-    embedding = stack.borrowed.embedding
-    if layout == "specviz":
-        config[CONFIG_KEY] = {"from": target_name, "tensors": ["embedding", "output"],
-                              "fingerprint": fingerprint(embedding)}
-    elif layout == "deepseek-v3":  # DeepSeek-V3 stores copies of the shared embedding and head in each layer
-        for k in range(stack.num_modules):
-            prefix = f"model.layers.{num_layers + k}."
-            tensors[prefix + "embed_tokens.weight"] = embedding.detach().to(dtype).clone()
-            tensors[prefix + "shared_head.head.weight"] = stack.borrowed.output.weight.detach().to(dtype).clone()
-    return layouts.write(Path(folder), config, tensors)
-
-
-def target_layers(stack: MtpStack) -> int:
-    """The target's decoder-layer count, as our spec records it: published layers read ``hidden_states[L]``."""
-    return stack.spec.feature_layer
+    return layouts.FORMAT.save(stack, folder, layout, target_name=target_name, dtype=dtype or stack.dtype)
 
 
 def load_stack(source: str | Path, model: nn.Module) -> MtpStack:
     """MTP modules from a folder (ours, a published layout, or a target checkpoint carrying its own MTP layers)
     or a hub id, checked against the target ``model``; every error is one line naming the source."""
-    folder, name = layouts.resolve_source(source, "MTP modules", HUB_FILES)
-    try:
-        return _load(folder, model)
-    except SpecvizError as error:
-        raise SpecvizError(f"MTP modules {name}: {error}") from None
-
-
-def _load(folder: Path, model: nn.Module) -> MtpStack:
-    shape, embedding, output = target_parts(model)
-    config = layouts.read_config(folder)
-    shapes, read = layouts.tensor_index(folder)
-    if layouts.SPEC_KEY in config:
-        dialect, mtp_shapes = "specviz", shapes
-    else:  # a published layout, possibly inside a whole target checkpoint: only the MTP tensors count
-        main_layers = layouts.flat_config(config).get("num_hidden_layers")
-        mtp_shapes = {k: s for k, s in shapes.items() if layouts.is_mtp_key(k, main_layers)}
-        dialect = layouts.dialect_of(config, set(mtp_shapes))
-    spec = layouts.mtp_spec(config, shape, dialect, mtp_shapes)
-    tensors = read(lambda name: name in mtp_shapes)
-    carried = {} if dialect != "deepseek-v3" else {  # DeepSeek-V3 stores each module's copy of both
-        name: (value, embedding if name.endswith("embed_tokens.weight") else output.weight)
-        for name, value in tensors.items() if name.endswith(layouts.DEEPSEEK_SHARED)}
-    check_same_target(config, embedding, carried, plural=True)
-    state = layouts.to_state(tensors, spec, dialect, shape.num_layers)
-    return build_stack(model, spec, state)
+    return layouts.FORMAT.load(source, model, lambda spec, state, config: build_stack(model, spec, state))
 
 
 def own_mtp_source(model: nn.Module) -> str | None:
