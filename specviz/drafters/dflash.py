@@ -56,7 +56,6 @@ from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
     Attention,
     GatedMLP,
-    drafting_copy,
     fresh,
     inference_copy,
     rotate_half,
@@ -342,16 +341,12 @@ class BlockDrafter(FeatureDrafter):
 
     def __init__(self, model: DFlashBackbone, vocab_size: int, name: str | None = None, pack: bool = True,
                  draft_quant: str = "off"):
-        if model.spec.vocab_size != vocab_size:
-            raise SpecvizError(f"the drafter drafts over {model.spec.vocab_size} ids but the target's logits have "
-                               f"{vocab_size}")
-        self.model = model.eval()
-        self.runner, self.draft_quant = drafting_copy(self.model, pack, draft_quant)
+        self.what = f"{self.kind} drafter"
+        self.model = self.adopt(model, model.spec.vocab_size, vocab_size, pack=pack, draft_quant=draft_quant,
+                                exact=True)
         self.spec = model.spec
-        self.vocab_size = vocab_size
         self.name = name or self.kind
         super().__init__(model.feature_layers, model.fc.weight.device, model.fc.weight.dtype)
-        self.what = f"{self.kind} drafter"
         self._cache: DynamicCache | None = None
         self._injected = 0  # context positions 0 .. injected - 1 are in the draft cache
 

@@ -37,7 +37,6 @@ from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
     Attention,
     GatedMLP,
-    drafting_copy,
     fresh,
     inference_copy,
     rope_attention,
@@ -329,12 +328,7 @@ class EagleDrafter(FeatureDrafter):
 
     def __init__(self, head: EagleHead, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
                  pack: bool = True, draft_quant: str = "off"):
-        if head.spec.vocab_size > vocab_size:
-            raise SpecvizError(f"the head drafts over {head.spec.vocab_size} ids but the target's logits have "
-                               f"{vocab_size}")
-        self.head = head.eval()
-        self.runner, self.draft_quant = drafting_copy(self.head, pack, draft_quant)
-        self.vocab_size = vocab_size
+        self.head = self.adopt(head, head.spec.vocab_size, vocab_size, pack=pack, draft_quant=draft_quant)
         self.name = name or head.kind
         self.stochastic_tree = stochastic_tree
         super().__init__(head.feature_layers, head.fc.weight.device, head.fc.weight.dtype)

@@ -11,7 +11,9 @@ budget). A family keeps only its network, how it drafts and what it registers.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from specviz.drafters.head_parts import drafting_copy
 from specviz.engine.drafter import DraftBudget, Drafter, cache_capacity
 from specviz.engine.features import TargetFeatures
 from specviz.errors import SpecvizError
@@ -35,6 +37,17 @@ class FeatureDrafter(Drafter):
         self._taken = 0
         self.features_end = 0  # the next position whose row the engine will hand over
         self._seen: list[int] = []  # the context the drafter's caches were built from
+
+    def adopt(self, network: nn.Module, draft_vocab: int, vocab_size: int, *, pack: bool, draft_quant: str,
+              exact: bool = False) -> nn.Module:
+        """Take ``network`` (drafting over ``draft_vocab`` ids) for a target whose logits are ``vocab_size`` wide:
+        checked, in eval mode, with its drafting copy (``runner``: packed kernels, ``draft_quant``) beside it."""
+        if draft_vocab > vocab_size or (exact and draft_vocab != vocab_size):
+            raise SpecvizError(f"{draft_vocab} draft token ids for the {self.what}, but the target's logits have "
+                               f"{vocab_size}")
+        self.vocab_size = vocab_size
+        self.runner, self.draft_quant = drafting_copy(network.eval(), pack, draft_quant)
+        return network
 
     def begin(self, prompt_ids: list[int], max_new_tokens: int | None = None,
               budget: DraftBudget | None = None) -> None:

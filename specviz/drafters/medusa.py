@@ -37,7 +37,7 @@ from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import medusa_layouts as layouts
 from specviz.drafters.borrowed import Borrowed
 from specviz.drafters.feature_drafter import FeatureDrafter
-from specviz.drafters.head_parts import drafting_copy, inference_copy, output_projection, target_parts
+from specviz.drafters.head_parts import inference_copy, output_projection, target_parts
 from specviz.drafters.layouts import build
 from specviz.drafters.medusa_layouts import MedusaSpec
 from specviz.drafters.registry import DrafterFamily, register
@@ -298,12 +298,7 @@ class MedusaDrafter(FeatureDrafter):
 
     def __init__(self, heads: MedusaHeads, vocab_size: int, name: str | None = None,
                  choices: Sequence[Sequence[int]] | None = None, pack: bool = True, draft_quant: str = "off"):
-        if heads.spec.vocab_size > vocab_size:
-            raise SpecvizError(f"the heads draft over {heads.spec.vocab_size} ids but the target's logits have "
-                               f"{vocab_size}")
-        self.heads = heads.eval()
-        self.runner, self.draft_quant = drafting_copy(self.heads, pack, draft_quant)
-        self.vocab_size = vocab_size
+        self.heads = self.adopt(heads, heads.spec.vocab_size, vocab_size, pack=pack, draft_quant=draft_quant)
         self.name = name or "medusa"
         self.choices = None if choices is None else check_choices(choices)
         super().__init__((heads.spec.feature_layer,), None, heads.dtype)

@@ -37,7 +37,6 @@ from specviz.drafters.feature_drafter import FeatureDrafter
 from specviz.drafters.head_parts import (
     Attention,
     GatedMLP,
-    drafting_copy,
     fresh,
     inference_copy,
     rope_attention,
@@ -236,12 +235,7 @@ class MtpDrafter(FeatureDrafter):
 
     def __init__(self, stack: MtpStack, vocab_size: int, name: str | None = None, stochastic_tree: bool = False,
                  pack: bool = True, draft_quant: str = "off"):
-        if stack.spec.vocab_size > vocab_size:
-            raise SpecvizError(f"the MTP modules draft over {stack.spec.vocab_size} ids but the target's logits have "
-                               f"{vocab_size}")
-        self.stack = stack.eval()
-        self.runner, self.draft_quant = drafting_copy(self.stack, pack, draft_quant)
-        self.vocab_size = vocab_size
+        self.stack = self.adopt(stack, stack.spec.vocab_size, vocab_size, pack=pack, draft_quant=draft_quant)
         self.name = name or "mtp"
         self.stochastic_tree = stochastic_tree
         super().__init__((stack.spec.feature_layer,), stack.layers[0].eh_proj.weight.device, stack.dtype)
