@@ -37,7 +37,7 @@ class Recomputing(Verifier):
     def device(self) -> torch.device:
         return self.target.device
 
-    def reserve(self, positions: int, layers: tuple[int, ...]) -> None:
+    def reserve(self, positions: int, layers: tuple[int, ...], sampling: SamplingConfig) -> None:
         if layers:
             check_layers(self.target.model, layers)
         self.layers = layers

@@ -90,7 +90,7 @@ class Generation:
         widest = self.budget.widest + drafter.side_room if drafter else 0
         self._layers = tuple(drafter.feature_layers) if drafter is not None else ()
         self.verifier = verifier or LocalVerifier(target)
-        self.verifier.reserve(prompt + config.max_new_tokens + widest, self._layers)
+        self.verifier.reserve(prompt + config.max_new_tokens + widest, self._layers, config.sampling)
         self.new_tokens: list[int] = []
         self.rounds: list[Round] = []
         self.prefill_ms = 0.0

@@ -16,6 +16,7 @@ import torch
 
 from specviz.engine import cache as kv
 from specviz.engine.features import TargetFeatures, capture, check_layers, rows
+from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
 from specviz.engine.verify import forward_tree, prefill
@@ -45,9 +46,10 @@ class Verifier(ABC):
         """Where the logits live (the loop's clock waits for it)."""
 
     @abstractmethod
-    def reserve(self, positions: int, layers: tuple[int, ...]) -> None:
-        """Get ready for a generation of at most ``positions`` cached tokens whose drafter reads ``layers``
-        (refused in one line when the target cannot: a cache that cannot roll back, layers it does not have)."""
+    def reserve(self, positions: int, layers: tuple[int, ...], sampling: SamplingConfig) -> None:
+        """Get ready for a generation of at most ``positions`` cached tokens whose drafter reads ``layers``, sampled
+        by ``sampling`` (refused in one line when the target cannot: a cache that cannot roll back, layers it does
+        not have, a sampler it cannot serve exactly)."""
 
     @abstractmethod
     def prefill(self, token_ids: list[int]) -> Scored:
@@ -75,7 +77,7 @@ class LocalVerifier(Verifier):
     def device(self) -> torch.device:
         return self.target.device
 
-    def reserve(self, positions: int, layers: tuple[int, ...]) -> None:
+    def reserve(self, positions: int, layers: tuple[int, ...], sampling: SamplingConfig) -> None:
         target = self.target
         self.cache = kv.new_cache(target.model, positions, target.name, preallocate=target.preallocated_cache)
         if layers:

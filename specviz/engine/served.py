@@ -1,0 +1,265 @@
+"""A target on a vLLM server (OpenAI-compatible ``/v1/completions``) behind the ``Verifier`` seam: greedy only.
+
+Every round is one batched request, by one of two routes (``auto``, the default, picks by context length).
+Route ``prompt-logprobs``: for each root-to-leaf path of the tree, the prompt is the committed context, the
+pending token and the path's tokens, as token ids, with ``max_tokens: 1`` and ``prompt_logprobs``. The server's
+prompt logprobs at the draft positions give the rows after the pending token and after every inner node; the one
+token it generates after each path gives the row after that path's leaf (the bonus). Only the standard library talks
+HTTP. Route ``per-node``: one prompt per row (the context plus the path to the row's node), no prompt logprobs; each
+row is the token the server generates there, and every prompt reads the server's prefix cache.
+
+What a row holds. The server returns, per position, the logprobs of its top ``k`` tokens and of the token actually
+there; everything else is unknown. A row is those logprobs, every other entry ``-inf``. Its argmax is the server's
+own top-1, so the greedy accept rule is exact; the views show the server's top-k (the rest of the distribution is
+missing, not zero, and entropies are of the truncated row). Sampling needs the whole distribution at each position,
+so a served target refuses it (one line, when the loop reserves it with the run's sampler) rather than approximate.
+
+Cost. vLLM reads no prefix cache for a request that asks for prompt logprobs, so every round with a draft
+re-runs the whole context on the server (route ``prompt-logprobs``); route ``per-node`` and a round with no draft ask
+for none and hit the cache, so the server recomputes only what lies past its last cached block for each prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+import torch
+
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.tree import ROOT, DraftTree
+from specviz.engine.verifier import Scored, Verifier
+from specviz.errors import SpecvizError
+
+
+@dataclass
+class Call:
+    """One request to the server: how many prompts, how many prompt tokens in all, and the wall time it took."""
+
+    prompts: int
+    tokens: int
+    seconds: float
+
+
+@dataclass
+class ServedStats:
+    calls: list[Call] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return sum(call.seconds for call in self.calls)
+
+
+class ServedClient:
+    """The few endpoints specviz needs from a vLLM OpenAI-compatible server, over ``urllib``."""
+
+    def __init__(self, base_url: str, model: str | None = None, timeout: float = 120.0):
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[: -len("/v1")]
+        self.timeout = timeout
+        self.model = model or self.models()[0]
+
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data,
+                                         headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode(errors="replace")[:300].replace("\n", " ")
+            raise SpecvizError(f"the server at {self.base_url} answered {path} with HTTP {error.code}: {detail}") \
+                from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise SpecvizError(f"cannot reach the server at {self.base_url} ({path}): {reason}") from None
+
+    def models(self) -> list[str]:
+        found = [entry["id"] for entry in self._request("/v1/models").get("data", [])]
+        if not found:
+            raise SpecvizError(f"the server at {self.base_url} serves no model")
+        return found
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._request("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"]
+
+    def complete(self, prompts: list[list[int]], *, max_tokens: int = 1, prompt_logprobs: int | None = None,
+                 logprobs: int = 1) -> dict:
+        body = {"model": self.model, "prompt": prompts, "max_tokens": max_tokens, "temperature": 0.0,
+                "logprobs": logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True,
+                "skip_special_tokens": False}
+        if prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs
+        return self._request("/v1/completions", body)
+
+
+def _token_id(key: str) -> int:
+    return int(key.split(":", 1)[1]) if key.startswith("token_id:") else int(key)
+
+
+def leaf_paths(tree: DraftTree) -> list[list[int]]:
+    """Every root-to-leaf path of ``tree`` as node indices (one empty path for the empty tree)."""
+    if not tree.tokens:
+        return [[]]
+    has_child = [False] * len(tree.tokens)
+    for parent in tree.parents:
+        if parent != ROOT:
+            has_child[parent] = True
+    paths = []
+    for leaf, inner in enumerate(has_child):
+        if inner:
+            continue
+        path, node = [], leaf
+        while node != ROOT:
+            path.append(node)
+            node = tree.parents[node]
+        paths.append(path[::-1])
+    return paths
+
+
+class ServedVerifier(Verifier):
+    """The target on a vLLM server, greedy only; ``target`` is the local copy of its tokenizer and config (vocab)."""
+
+    device = torch.device("cpu")
+
+    ROUTES = ("prompt-logprobs", "per-node")
+    #: below this many committed tokens ``auto`` sends prompt logprobs (one prompt per leaf: less per-request work),
+    #: from it one prompt per row (vLLM reads its prefix cache only without prompt logprobs, so past a short
+    #: context that saves more than the extra prompts cost; BENCHMARKS.md, "A target served by vLLM")
+    AUTO_PER_NODE_FROM = 192
+
+    def __init__(self, client: ServedClient, vocab_size: int, *, top_k: int = 1, route: str = "auto"):
+        if route != "auto" and route not in self.ROUTES:
+            raise SpecvizError(f"unknown served verify route {route!r}; one of {', '.join(self.ROUTES)}")
+        self.route = route
+        self.client, self.vocab_size, self.top_k = client, vocab_size, max(1, top_k)
+        self.name = f"vllm:{client.model}"
+        self.tokens: list[int] = []
+        self.stats = ServedStats()
+        self._tree: tuple[int, DraftTree] | None = None
+
+    def reserve(self, positions: int, layers: tuple[int, ...], sampling: SamplingConfig) -> None:
+        if not sampling.greedy:
+            raise SpecvizError("sampling through a served target needs the server's whole distribution at every "
+                               "draft position, which it does not return here; use temperature 0 (greedy)")
+        if layers:
+            raise SpecvizError("a drafter that reads target hidden states (EAGLE, MTP, Medusa, DFlash, DSpark) cannot "
+                               "run against a served target: the server does not return them")
+        self.tokens = []
+
+    def prefill(self, token_ids: list[int]) -> Scored:
+        """Nothing to cache here: every verify sends the whole context (the server's prefix cache, where it reads
+        one, is its own business)."""
+        self.tokens = list(token_ids)
+        return Scored(None)
+
+    def verify(self, tree: DraftTree, pending_token: int, past_length: int) -> Scored:
+        if past_length != len(self.tokens):
+            raise SpecvizError(f"served verifier out of step: {past_length} committed tokens expected, "
+                               f"{len(self.tokens)} kept")
+        self._tree = (pending_token, tree)
+        context = [*self.tokens, pending_token]
+        if self.route == "per-node" or (self.route == "auto" and len(context) >= self.AUTO_PER_NODE_FROM):
+            return self._verify_per_node(tree, context)
+        paths = leaf_paths(tree)
+        prompts = [context + [tree.tokens[i] for i in path] for path in paths]
+        start = time.perf_counter()
+        answer = self.client.complete(prompts, prompt_logprobs=self.top_k if tree.tokens else None,
+                                      logprobs=self.top_k)
+        self.stats.calls.append(Call(len(prompts), sum(map(len, prompts)), time.perf_counter() - start))
+        choices = sorted(answer["choices"], key=lambda choice: choice["index"])
+        if len(choices) != len(prompts):
+            raise SpecvizError(f"the server answered {len(choices)} completions for {len(prompts)} prompts")
+        logits = torch.full((len(tree.tokens) + 1, self.vocab_size), float("-inf"))
+        done = [False] * (len(tree.tokens) + 1)
+        base = len(context)  # prompt index of the first draft token of each path
+        for path, choice in zip(paths, choices):
+            rows = [0, *(node + 1 for node in path)]  # row r is the distribution after rows[r]'s token
+            entries = choice.get("prompt_logprobs") or []
+            for j, row in enumerate(rows[:-1]):
+                if not done[row]:
+                    self._fill(logits[row], entries[base + j])
+                    done[row] = True
+            if not done[rows[-1]]:
+                self._fill(logits[rows[-1]], self._generated(choice))
+                done[rows[-1]] = True
+        return Scored(logits)
+
+    def _verify_per_node(self, tree: DraftTree, context: list[int]) -> Scored:
+        """One prompt per row (the context, then the context plus the path to each node), no prompt logprobs:
+        each row is the token the server generates after its prompt, so every prompt reads the prefix cache and
+        the server recomputes only what lies past the last cached block."""
+        prompts = [context]
+        for node in range(len(tree.tokens)):
+            path, at = [], node
+            while at != ROOT:
+                path.append(tree.tokens[at])
+                at = tree.parents[at]
+            prompts.append(context + path[::-1])
+        start = time.perf_counter()
+        answer = self.client.complete(prompts, logprobs=self.top_k)
+        self.stats.calls.append(Call(len(prompts), sum(map(len, prompts)), time.perf_counter() - start))
+        choices = sorted(answer["choices"], key=lambda choice: choice["index"])
+        if len(choices) != len(prompts):
+            raise SpecvizError(f"the server answered {len(choices)} completions for {len(prompts)} prompts")
+        logits = torch.full((len(prompts), self.vocab_size), float("-inf"))
+        for row, choice in enumerate(choices):
+            self._fill(logits[row], self._generated(choice))
+        return Scored(logits)
+
+    def _generated(self, choice: dict) -> dict:
+        """The first generated token's top-k logprobs, as the ``{token id: {"logprob": x}}`` of a prompt entry."""
+        logprobs = choice["logprobs"]
+        top = logprobs["top_logprobs"][0] or {}
+        found = {str(_token_id(key)): {"logprob": value} for key, value in top.items()}
+        chosen = _token_id(logprobs["tokens"][0])
+        found.setdefault(str(chosen), {"logprob": logprobs["token_logprobs"][0]})
+        return found
+
+    def _fill(self, row: torch.Tensor, entry: dict | None) -> None:
+        if not entry:
+            raise SpecvizError("the server returned no logprobs for a draft position")
+        for key, value in entry.items():
+            logprob = value["logprob"] if isinstance(value, dict) else value
+            row[_token_id(key)] = max(float(logprob), -3.0e38)  # a -inf logprob stays below every returned one
+
+    def keep(self, committed: int, path: list[int]) -> None:
+        pending, tree = self._tree
+        self.tokens = [*self.tokens, pending, *(tree.tokens[i] for i in path)]
+        if len(self.tokens) != committed + len(path):
+            raise SpecvizError(f"served verifier out of step: kept {len(self.tokens)} tokens, "
+                               f"expected {committed + len(path)}")
+
+
+def check_tokenizer(client: ServedClient, target, text: str = "Speculative decoding, checked: 12345 héllo!") -> None:
+    """Refuse, in one line, a local tokenizer that does not match the served model's."""
+    local = target.tokenizer.encode(text, add_special_tokens=False)
+    served = client.tokenize(text)
+    if list(local) != list(served):
+        raise SpecvizError(f"the local tokenizer of {target.name} does not match the served model {client.model}")
+
+
+def write_servable_copy(target, directory) -> None:
+    """Save ``target``'s model and tokenizer as a directory vLLM loads: ``architectures`` named and a tied
+    embedding written under its own name too (vLLM otherwise leaves ``model.embed_tokens`` uninitialised)."""
+    import pathlib
+
+    from safetensors.torch import save_file
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = target.model
+    state = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in model.state_dict().items()}
+    if "model.embed_tokens.weight" not in state and "lm_head.weight" in state:
+        state["model.embed_tokens.weight"] = state["lm_head.weight"].clone()
+    if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
+    (directory / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    target.tokenizer.save_pretrained(str(directory))

@@ -1,0 +1,127 @@
+"""A target served by vLLM behind the ``Verifier`` seam (``specviz.engine.served``), greedy.
+
+The fixture starts a real vLLM server (``python -m vllm.entrypoints.openai.api_server``) on 127.0.0.1 from the
+virtual environment named by ``SPECVIZ_VLLM_PYTHON`` (default ``/work/vllm-venv/bin/python``), serving a copy of the
+embedded default target's weights; the tests skip with a one-line reason where that is missing or does not start.
+Output through the served target must equal vLLM's own greedy completion of the same prompt."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import time
+
+import pytest
+
+from specviz import api
+from specviz.engine.drafter import DraftBudget
+from specviz.engine.loop import GenerationConfig
+from specviz.engine.sampling import SamplingConfig
+from specviz.engine.served import ServedClient, ServedVerifier, check_tokenizer, leaf_paths, write_servable_copy
+from specviz.engine.tree import DraftTree
+from specviz.errors import SpecvizError
+
+VLLM_PYTHON = os.environ.get("SPECVIZ_VLLM_PYTHON", "/work/vllm-venv/bin/python")
+PROMPTS = ["Tell me a story.", "Write a Python function that reverses a string."]
+NEW = 32
+
+
+def test_leaf_paths():
+    assert leaf_paths(DraftTree.empty()) == [[]]
+    tree = DraftTree(tokens=[5, 6, 7, 8], parents=[-1, 0, 0, -1])
+    assert leaf_paths(tree) == [[0, 1], [0, 2], [3]]
+
+
+def test_sampling_and_features_refused_in_one_line():
+    class Offline(ServedClient):
+        def __init__(self):
+            self.base_url, self.model, self.timeout = "http://127.0.0.1:9", "m", 1.0
+
+    verifier = ServedVerifier(Offline(), 64)
+    with pytest.raises(SpecvizError, match="temperature 0"):  # the loop says how it samples when it reserves
+        verifier.reserve(100, (), SamplingConfig(temperature=0.7))
+    with pytest.raises(SpecvizError, match="hidden states"):
+        verifier.reserve(100, (3,), SamplingConfig())
+
+
+def test_unreachable_server_is_one_line():
+    with pytest.raises(SpecvizError, match="cannot reach"):
+        ServedClient("http://127.0.0.1:9", timeout=2.0)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return api.load_target("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def server(target, tmp_path_factory):
+    if not pathlib.Path(VLLM_PYTHON).exists():
+        pytest.skip(f"no vLLM virtual environment at {VLLM_PYTHON} (set SPECVIZ_VLLM_PYTHON)")
+    model_dir = tmp_path_factory.mktemp("served-model")
+    write_servable_copy(target, model_dir)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = open(model_dir / "server.log", "w")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "VLLM_CPU_KVCACHE_SPACE": "2"}
+    process = subprocess.Popen(
+        [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
+         "target", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if process.poll() is not None:
+                pytest.skip(f"the vLLM server exited ({process.returncode}) while starting; see {model_dir}/server.log")
+            try:
+                client = ServedClient(url, timeout=60.0)
+                break
+            except SpecvizError:
+                if time.monotonic() > deadline:
+                    pytest.skip("the vLLM server did not start within 600 s")
+                time.sleep(1.0)
+        yield client
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def vllm_greedy(client: ServedClient, prompt_ids: list[int], n: int) -> list[int]:
+    answer = client.complete([prompt_ids], max_tokens=n, logprobs=0)
+    return [int(t.split(":", 1)[1]) for t in answer["choices"][0]["logprobs"]["tokens"]]
+
+
+def test_tokenizer_matches(server, target):
+    check_tokenizer(server, target)
+
+
+DRAFTERS = {
+    "plain": (None, None),
+    "ngram-chain": ("ngram", DraftBudget(k=4)),
+    "model-chain": ("model:smollm2-135m", DraftBudget(k=4)),
+    "model-tree": ("model:smollm2-135m", DraftBudget(tree=True, width=2, depth=3, max_nodes=6)),
+}
+
+
+@pytest.mark.parametrize("route", ServedVerifier.ROUTES)
+@pytest.mark.parametrize("shape", list(DRAFTERS))
+def test_served_greedy_equals_vllm_greedy(server, target, shape, route):
+    spec, budget = DRAFTERS[shape]
+    drafter = api.make_drafter(spec, target) if spec else None
+    config = GenerationConfig(max_new_tokens=NEW, stop_at_eos=False)
+    for prompt in PROMPTS:
+        prompt_ids = target.encode_prompt(prompt, chat=True)
+        verifier = ServedVerifier(server, target.vocab_size, route=route)
+        run = api.start(target, prompt_ids, drafter, budget or DraftBudget(k=1), config, verifier=verifier).run()
+        expected = vllm_greedy(server, prompt_ids, NEW)
+        assert run.new_tokens == expected, (shape, route, prompt)
+        if drafter is not None and shape != "ngram-chain":
+            assert any(r.accepted for r in run.rounds), "the drafter never got a token accepted"
