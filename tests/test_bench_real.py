@@ -28,10 +28,11 @@ def test_quick_bench_on_the_default_target(capsys, tmp_path):
     table = data["summary"]["table"]
     draft = "model:smollm2-135m-draft"
     # the declared defaults (specviz.settings): chain k = 2, a 4-node tree (width 3, depth 2)
-    shipped = ["ngram", draft, "eagle3", "mtp", "medusa", "dflash", "dspark", "hybrid"]
-    # every family but the n-gram reads draft_quant, whose default (auto) drafts in int8 on CPU: the rows say so
-    rows = [f"{d} {shape}{'' if d == 'ngram' else ' int8'}" for d in shipped for shape in ("chain k=2",
-                                                                                           "tree w=3 d=2 n<=4")]
+    shipped = ["ngram", draft, "eagle3", "mtp", "medusa", "dflash", "dspark", "retrieval", "lookahead", "hybrid"]
+    # every family with a model reads draft_quant, whose default (auto) drafts in int8 on CPU: the rows say so
+    free = ("ngram", "retrieval", "lookahead")  # no model: no draft weights
+    rows = [f"{d} {shape}{'' if d in free else ' int8'}" for d in shipped for shape in ("chain k=2",
+                                                                                        "tree w=3 d=2 n<=4")]
     assert list(table) == [PLAIN_ROW, *rows,
                            "hf generate (plain)", "hf prompt lookup k=2 n=3", f"hf assisted {draft} k=2"]
     assert data["summary"]["categories"] == ["writing", "qa", "math_reasoning"]

@@ -93,7 +93,11 @@ def describe(model: torch.nn.Module) -> dict:
 
 
 def _chosen_for(config) -> str | None:
-    """This context's choice for ``config``'s layers, else its configured name (read, never written)."""
+    """This context's choice for ``config``'s layers, else its configured name (read, never written). A model being
+    compiled (``torch.compile``) gets its configured name: a graph holds one attention, and dynamo cannot trace a
+    ``ContextVar``."""
+    if torch.compiler.is_compiling():
+        return getattr(config, "_attn_implementation", None)
     chosen = _CHOSEN.get()
     return (chosen.get(id(config)) if chosen else None) or getattr(config, "_attn_implementation", None)
 
