@@ -110,14 +110,14 @@ def test_a_verifier_that_trusts_the_pool_is_detected(monkeypatch):
 
 
 def test_the_spec_declares_w_n_g(target):
-    assert parse_argument("") == (4, 3, 4) and parse_argument("6,4,5") == (6, 4, 5)
-    for bad, message in (("6,4", "takes W,N,G"), ("a,b,c", "takes W,N,G"), ("1,3,3", "W must be"),
-                         ("4,9,3", "N must be"), ("4,3,0", "G must be")):
+    assert parse_argument("") == (4, 3, 4) and parse_argument("6:4:5") == (6, 4, 5)
+    for bad, message in (("6:4", "takes W:N:G"), ("a:b:c", "takes W:N:G"), ("6,4,5", "takes W:N:G"),
+                         ("1:3:3", "W must be"), ("4:9:3", "N must be"), ("4:3:0", "G must be")):
         with pytest.raises(SpecvizError, match=message) as error:
             parse_argument(bad)
         assert "\n" not in str(error.value)
-    drafter = api.make_drafter("lookahead:6,4,5", target)
-    assert (drafter.window, drafter.ngram, drafter.guesses, drafter.name) == (6, 4, 5, "lookahead:6,4,5")
+    drafter = api.make_drafter("lookahead:6:4:5", target)
+    assert (drafter.window, drafter.ngram, drafter.guesses, drafter.name) == (6, 4, 5, "lookahead:6:4:5")
     assert drafter.window_rows == 5 + 2 * 6
 
 

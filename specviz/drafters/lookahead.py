@@ -19,7 +19,7 @@ rounds, never on this round's draws: output is exactly the target's, greedy or s
 the prompt's n-grams and takes every n-gram of the committed text (``minimal.py``'s ``POOL_FROM_PROMPT``), and the
 window starts from prompt tokens chosen by a fixed seed, so runs replay.
 
-The spec ``lookahead[:W,N,G]`` declares the three sizes (defaults ``WINDOW``, ``NGRAM``, ``GUESSES``); the verify
+The spec ``lookahead[:W:N:G]`` declares the three sizes (defaults ``WINDOW``, ``NGRAM``, ``GUESSES``); the verify
 forward holds 1 + (W - 1) + (N - 2)·W window rows plus the drafts.
 """
 
@@ -201,12 +201,12 @@ def check_sizes(window: int, ngram: int, guesses: int) -> None:
 
 
 def parse_argument(argument: str) -> tuple[int, int, int]:
-    """(W, N, G) of a ``lookahead[:W,N,G]`` spec's argument (``""``: the defaults)."""
+    """(W, N, G) of a ``lookahead[:W:N:G]`` spec's argument (``""``: the defaults)."""
     if not argument:
         return WINDOW, NGRAM, GUESSES
-    parts = argument.split(",")
+    parts = argument.split(":")  # colons, as ngram:auto:3 (a comma separates specs in bench --drafters)
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise SpecvizError(f"lookahead takes W,N,G (window, n-gram size, guesses), e.g. lookahead:{WINDOW},{NGRAM},"
+        raise SpecvizError(f"lookahead takes W:N:G (window, n-gram size, guesses), e.g. lookahead:{WINDOW}:{NGRAM}:"
                            f"{GUESSES}; got {'lookahead:' + argument!r}")
     window, ngram, guesses = (int(p) for p in parts)
     check_sizes(window, ngram, guesses)
@@ -226,7 +226,7 @@ def _build(argument: str, target: Target, settings: Mapping[str, Any]) -> Lookah
 
 FAMILY = register(DrafterFamily(
     name="lookahead",
-    syntax="lookahead[:W,N,G]",
+    syntax="lookahead[:W:N:G]",
     title="lookahead (Jacobi) decoding",
     description=f"Jacobi iterations over a W-wide window of N-1 levels, verified in the same forward as the drafts, "
                 f"fill an n-gram pool; up to G pool n-grams that start with the last token are the draft (defaults "
