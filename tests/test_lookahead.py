@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import tiny
 import torch
-from test_ngram_schedule import CONFIG, FAIL_P, PASS_P, V, exact_pairs, trust_every_draft
+from test_ngram_schedule import FAIL_P, PASS_P, engine_pairs, trust_every_draft
 from test_sampling_lossless import chi_square_p
 
 from specviz import api
 from specviz.drafters.lookahead import LookaheadDrafter, NgramPool, parse_argument
 from specviz.engine.drafter import DraftBudget
-from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.loop import GenerationConfig, generate, plain_decode
 from specviz.engine.sampling import SamplingConfig
 from specviz.errors import SpecvizError
 
@@ -80,21 +80,11 @@ def test_two_runs_replay(target):
     assert rounds[0] == rounds[1]
 
 
-SAMPLING_PROMPT = [1, 5, 2, 1, 5]
-
-
 def sampled_pairs(samples: int) -> tuple[dict, dict]:
-    target = tiny.target("llama", V, layers=2, seed=0, scale=15)
-    exact = exact_pairs(tiny.model("llama", V, layers=2, seed=0, scale=15), SAMPLING_PROMPT)
-    counts: dict[tuple[int, int], int] = {}
-    drafted = 0
-    for seed in range(samples):
-        config = GenerationConfig(max_new_tokens=2, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)
-        run = Generation(target, SAMPLING_PROMPT, config, LookaheadDrafter(3, 2, 3),
-                         DraftBudget(tree=True, width=3, depth=1, max_nodes=3)).run()
-        drafted += len(run.rounds[0].tokens)
-        counts[tuple(run.token_ids)] = counts.get(tuple(run.token_ids), 0) + 1
-    assert drafted >= samples  # the prompt's n-grams after "5" are drafted in every first round
+    counts, exact, rounds = engine_pairs(lambda: LookaheadDrafter(3, 2, 3),
+                                         DraftBudget(tree=True, width=3, depth=1, max_nodes=3), samples)
+    # the prompt's n-grams after "5" are drafted in every first round
+    assert sum(len(run[0].tokens) for run in rounds) >= samples
     return counts, exact
 
 

@@ -124,18 +124,25 @@ def exact_pairs(net: torch.nn.Module, prompt: list[int]) -> dict[tuple[int, int]
     return {(a, b): float(first[a] * rows[a, b]) for a in range(V) for b in range(V)}
 
 
-def sampled_pairs(samples: int) -> tuple[dict, dict]:
+def engine_pairs(make_drafter, budget: DraftBudget, samples: int) -> tuple[dict, dict, list]:
+    """Sampled runs of two tokens after ``SAMPLING_PROMPT``, one per seed, each with ``make_drafter()``: the counts of
+    (x1, x2), the exact P(x1, x2), and every run's rounds (the chi-square tests of the deterministic drafters)."""
     target = tiny.target("llama", V, layers=2, seed=0, scale=15)
     exact = exact_pairs(tiny.model("llama", V, layers=2, seed=0, scale=15), SAMPLING_PROMPT)
-    drafter = NgramDrafter(schedule=SAMPLING_CURVE)
     counts: dict[tuple[int, int], int] = {}
-    lengths: set[int] = set()
+    rounds = []
     for seed in range(samples):
         config = GenerationConfig(max_new_tokens=2, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)
-        run = Generation(target, SAMPLING_PROMPT, config, drafter, DraftBudget(k=2)).run()
+        run = Generation(target, SAMPLING_PROMPT, config, make_drafter(), budget).run()
         counts[tuple(run.token_ids)] = counts.get(tuple(run.token_ids), 0) + 1
-        lengths.update(len(r.tokens) for r in run.rounds)
-    return counts, exact, lengths
+        rounds.append(run.rounds)
+    return counts, exact, rounds
+
+
+def sampled_pairs(samples: int) -> tuple[dict, dict, set[int]]:
+    drafter = NgramDrafter(schedule=SAMPLING_CURVE)  # one drafter for every run: its acceptance history carries over
+    counts, exact, rounds = engine_pairs(lambda: drafter, DraftBudget(k=2), samples)
+    return counts, exact, {len(r.tokens) for run in rounds for r in run}
 
 
 def test_sampled_scheduled_chains_keep_the_target_distribution():

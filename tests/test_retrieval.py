@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tiny
 import torch
-from test_ngram_schedule import CONFIG, FAIL_P, PASS_P, V, exact_pairs, trust_every_draft
+from test_ngram_schedule import CONFIG, FAIL_P, PASS_P, engine_pairs, trust_every_draft
 from test_sampling_lossless import chi_square_p
 
 from specviz import api
@@ -18,7 +18,7 @@ from specviz.drafters import retrieval
 from specviz.drafters.retrieval import RetrievalDrafter, session_memory
 from specviz.drafters.suffix_store import LiveText, SessionMemory, SuffixIndex, suffix_array
 from specviz.engine.drafter import DraftBudget
-from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.loop import GenerationConfig, generate, plain_decode
 from specviz.engine.sampling import SamplingConfig
 from specviz.errors import SpecvizError
 
@@ -143,22 +143,12 @@ def test_greedy_output_is_the_targets(target, budget):
     assert sum(len(r.accepted) for r in run.rounds) > 10  # the reused answer was drafted and accepted
 
 
-SAMPLING_PROMPT = [1, 5, 2, 1, 5]
-
-
 def sampled_pairs(samples: int) -> tuple[dict, dict]:
-    target = tiny.target("llama", V, layers=2, seed=0, scale=15)
-    exact = exact_pairs(tiny.model("llama", V, layers=2, seed=0, scale=15), SAMPLING_PROMPT)
     memory = SessionMemory()
     memory.add([1, 5, 3, 3, 1, 5, 3, 4, 1, 5, 2, 2])
-    counts: dict[tuple[int, int], int] = {}
-    for seed in range(samples):
-        config = GenerationConfig(max_new_tokens=2, sampling=CONFIG, seed=seed, detail=False, top_k_report=0)
-        drafter = RetrievalDrafter(memory=memory, spec_factor=2.0, min_probability=0.0)
-        run = Generation(target, SAMPLING_PROMPT, config, drafter, DraftBudget(tree=True, width=3, depth=2,
-                                                                                max_nodes=4)).run()
-        assert run.rounds[0].tokens  # a tree was drafted and verified
-        counts[tuple(run.token_ids)] = counts.get(tuple(run.token_ids), 0) + 1
+    counts, exact, rounds = engine_pairs(lambda: RetrievalDrafter(memory=memory, spec_factor=2.0, min_probability=0.0),
+                                         DraftBudget(tree=True, width=3, depth=2, max_nodes=4), samples)
+    assert all(run[0].tokens for run in rounds)  # a tree was drafted and verified
     return counts, exact
 
 
