@@ -828,3 +828,19 @@ def test_chain_vs_tree_with_dflash_compares_its_block_with_ddtree(tiny_targets, 
     status, verdict, *_ = gradio_client.Client(url, verbose=False).predict(
         False, compare.SAME, compare.SAME, *settings_args(drafter=spec, max_new_tokens=12), api_name="/compare")
     assert "Done" in status and "Verdict" in verdict
+
+
+def test_a_lookahead_run_shows_its_window_and_other_runs_hide_it(tiny_targets):
+    """The page's window panel: drawn, with the round's levels, for a live lookahead run; hidden for any other."""
+    import gradio as gr
+
+    from specviz.ui.views import RunView
+
+    with gr.Blocks():
+        view = RunView.build("w-")
+    lookahead = run_record(Session(), request(drafter="lookahead", tree=True, max_new_tokens=16))
+    assert lookahead.finished and all("lookahead" in r.meta for r in lookahead.rounds)
+    shown = view.render_round(lookahead, len(lookahead.rounds) - 1)[view.window]
+    assert shown["visible"] is True and shown["value"] is not None
+    other = run_record(Session(), request(drafter="ngram", max_new_tokens=8))
+    assert view.render_round(other, 0)[view.window] == {"__type__": "update", "visible": False}
