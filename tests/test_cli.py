@@ -109,6 +109,8 @@ def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
     ("specviz.training.export", ["--run", "/no/such/run", "--dest", "{tmp}/dest"], "metrics.json is missing"),
     ("tools.draft_forward", ["--context", "-1"], "--context must be 1 or more"),
     ("tools.ui_perf", ["--category", "nope"], "--category 'nope' has no example prompt"),
+    ("tools.served_cost", ["--url", "http://127.0.0.1:9", "--contexts", "0"], "--contexts takes context lengths"),
+    ("tools.served_cost", ["--url", "http://127.0.0.1:9"], "cannot reach the server"),
 ])
 def test_the_documented_helper_commands_refuse_bad_input_in_one_line(module, argv, says, tmp_path, capsys):
     """The helpers' entry points (``python -m specviz.<helper>``, ``python tools/<tool>.py``) treat errors as the CLI

@@ -20,7 +20,7 @@ the prompt's n-grams and takes every n-gram of the committed text (``minimal.py`
 window starts from prompt tokens chosen by a fixed seed, so runs replay.
 
 The spec ``lookahead[:W:N:G]`` declares the three sizes (defaults ``WINDOW``, ``NGRAM``, ``GUESSES``); the verify
-forward holds 1 + (W - 1) + (N - 2)·W window rows plus the drafts.
+forward holds (W - 1) + (N - 2)·W window rows beside the root and the drafts (``window_rows``).
 """
 
 from __future__ import annotations
