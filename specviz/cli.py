@@ -1,4 +1,4 @@
-"""Command line: ``specviz generate|bench|train ...`` (``python -m specviz`` too). User errors: one line on stderr,
+"""Command line: ``specviz generate|bench|train|data ...`` (``python -m specviz`` too). User errors: one line on stderr,
 exit code 2.
 
 The run settings' options come from their declaration (``specviz.settings``), the drafter specs from the drafter
@@ -22,6 +22,7 @@ from specviz.errors import SpecvizError, exit_status
 SUBCOMMANDS = {
     "bench": ("specviz.bench.command", "add_parser", "run"),
     "train": ("specviz.training.cli", "add_train_subparser", "run_train"),
+    "data": ("specviz.training.cli", "add_data_subparser", "run_data"),
 }
 
 
@@ -110,5 +111,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line a run records (model cards)
         return commands[args.command][1](args)
     return exit_status(run)

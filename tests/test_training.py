@@ -82,7 +82,9 @@ def test_extra_prompts_extend_training_without_moving_the_held_out_split():
 
 def test_more_prompts_later_answer_and_extract_only_their_own_shards(tiny_target, tmp_path, monkeypatch):
     """Answers and their hidden states are cached per shard: a longer prompt list reuses every shard it shares with
-    an earlier one, and gives the same features for them (fresh ones as stored, so a rerun sees the same numbers)."""
+    an earlier one, and gives the same features for them (fresh ones as stored, so a rerun sees the same numbers).
+    A fresh shard gets its hidden states from the pass that labels it; cached answers read with layers no feature
+    file holds get one feature pass, and no new answers."""
     from specviz.training import data
 
     monkeypatch.setattr(data, "SHARD_PROMPTS", 2)
@@ -100,19 +102,16 @@ def test_more_prompts_later_answer_and_extract_only_their_own_shards(tiny_target
     prompts = build_prompts([Document("s", story(i, 600)) for i in range(3)], 5, seed=1)
     plan = data.DataPlan(sources=[], gen_tokens=4, gen_batch=4, layers=(1,), extra_layers=(2,))
     first = data.answers(tiny_target, prompts[:4], plan, tmp_path, "answers", log=lambda _: None)
-    assert calls == {"answer": 2, "hidden": 2} and set(first.hidden) == {1}
+    assert calls == {"answer": 2, "hidden": 0} and set(first.hidden) == {1}
     more = data.answers(tiny_target, prompts, plan, tmp_path, "answers", log=lambda _: None)
-    assert calls == {"answer": 3, "hidden": 3}  # only the new shard (the fifth prompt)
+    assert calls == {"answer": 3, "hidden": 0}  # only the new shard (the fifth prompt)
     same = more.subset(list(range(4)))
     assert torch.equal(same.input_ids, first.input_ids) and torch.equal(same.hidden[1], first.hidden[1])
     again = data.answers(tiny_target, prompts, plan, tmp_path, "answers", log=lambda _: None)
-    assert calls == {"answer": 3, "hidden": 3} and torch.equal(again.hidden[1], more.hidden[1])
-    # a cache written in one piece for a whole prompt list (as before shards had their own) is still read
-    whole = ("answer-hidden", tiny_target.source, [p.text for p in prompts], plan.gen_tokens)
-    reordered = more.subset([4, 3, 2, 1, 0])  # not what the shards hold: the file itself must be what is read
-    data.save_hidden(reordered, tmp_path, "old-hidden", whole, plan, {"kind": "answers+hidden"})
-    old = data.answers(tiny_target, prompts, plan, tmp_path, "old", log=lambda _: None)
-    assert calls == {"answer": 3, "hidden": 3} and old.input_ids.tolist() == reordered.input_ids.tolist()
+    assert calls == {"answer": 3, "hidden": 0} and torch.equal(again.hidden[1], more.hidden[1])
+    other = data.answers(tiny_target, prompts, data.DataPlan(sources=[], gen_tokens=4, gen_batch=4, layers=(0,)),
+                         tmp_path, "answers", log=lambda _: None)
+    assert calls == {"answer": 3, "hidden": 3} and other.input_ids.tolist() == more.input_ids.tolist()
 
 
 def test_chain_tau_counts_the_bonus_token():
@@ -515,3 +514,27 @@ def test_init_from_is_refused_for_the_draft_lm_before_any_data_is_built(tmp_path
     assert code == 2
     assert "--init-from is not supported for draft-lm" in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_data_command_builds_the_cache_train_then_reads(tmp_path, capsys):
+    """``specviz data`` answers and annotates (logging its rate against the floor) without training; ``train`` with
+    the same data options then answers nothing again."""
+    from specviz.cli import main as specviz_main
+
+    target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(story(1, 800))
+    data_options = ["--target", str(target_dir), "--data", str(corpus), "--prompts", "6", "--eval-prompts", "2",
+                    "--gen-tokens", "6", "--gen-batch", "4", "--corpus-tokens", "200", "--seq-len", "64",
+                    "--cache-dir", str(tmp_path / "cache")]
+    assert specviz_main(["data", *data_options, "--feature-layers", "0,1,2"]) == 0
+    said = capsys.readouterr().err
+    assert "answering prompts 0..6 of 6" in said and "of the floor" in said and "6 training sequences" not in said
+    assert "training sequences" in said and not (tmp_path / "run").exists()
+    assert specviz_main(["train", "mtp", *data_options, "--out", str(tmp_path / "run"), "--steps", "1",
+                         "--batch-size", "2"]) == 0
+    said = capsys.readouterr().err
+    assert "answering prompts" not in said and "target features" not in said  # all read from the cache
+    assert (tmp_path / "run" / "final").is_dir()
+    assert specviz_main(["data", *data_options, "--gen-batch", "0"]) == 2
+    assert "--gen-batch must be 1 or more" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specviz.drafters import registry
 from specviz.models.registry import DEFAULT_TARGET
+from specviz.training.data import DTYPES, DataPlan
 from specviz.training.trainers import TRAINERS
 
 DESCRIPTION = ("specviz train <kind> --target T --data PATH... --out DIR: build shared target features, train, "
@@ -16,24 +17,49 @@ DEFAULT_CACHE = Path(".cache") / "specviz"
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of the train command (shared by the subcommand and the standalone parser)."""
+    """Arguments of the train command (shared by the subcommand and the standalone parser): the data's and its own."""
     kinds = [f"{kind} (trains {family.syntax} drafters)" for kind, family in registry.trainers().items()
              if kind in TRAINERS]  # the drafter registry names each family's trainer
     parser.add_argument("kind", help=f"what to train: {', '.join(kinds)}")
+    add_data_arguments(parser)
+    parser.add_argument("--out", required=True, help="run folder: checkpoints, metrics, final model")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps")
+    parser.add_argument("--hidden", type=int, default=None, help="student hidden size (trainer default if unset)")
+    parser.add_argument("--layers", type=int, default=None, help="student decoder layers")
+    parser.add_argument("--init-layers", default=None,
+                        help="draft-lm: start from these target decoder layers, e.g. 0,1,2,3 (the student takes the "
+                             "target's shape and shares its embedding and output layer, which are not shipped)")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from a drafter of this family exported before (e.g. the shipped one in "
+                             "specviz/assets/models/): a later session continues training without the earlier run "
+                             "folder")
+    parser.add_argument("--set", dest="trainer_options", action="append", default=[], metavar="KEY=VALUE",
+                        help="a family's own option (repeatable), e.g. markov_rank=32, anchors=16, block_size=8, "
+                             "medusa_heads=4; the model card records them")
+    parser.add_argument("--autocast", choices=["bf16"], default=None,
+                        help="mixed precision for the training forward/backward (fp32 weights; bf16 matmuls are "
+                             "several times faster on CPUs with AMX and on GPUs)")
+    parser.add_argument("--softmax-sample", type=int, default=0,
+                        help="draft-lm: score the target's top-k + N random tokens instead of the full vocabulary "
+                             "(sampled softmax; 0 = full softmax)")
+    parser.add_argument("--export", default=None, help="also write fp16 weights + model card here")
+    parser.add_argument("--name", default=None, help="model name used in the model card")
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments that say what data to build (``specviz data`` takes only these; ``train`` adds its own)."""
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="target model: registry name, directory, .gguf or hub id")
     parser.add_argument("--data", nargs="+", required=True,
                         help="training text: files, folders, globs, or 'stdlib' (the Python standard library)")
-    parser.add_argument("--out", required=True, help="run folder: checkpoints, metrics, final model")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
-    parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps")
     parser.add_argument("--prompts", type=int, default=1200, help="self-distillation prompts the target answers")
     parser.add_argument("--extra-prompts", type=int, default=0,
                         help="more training-only prompts, appended so the held-out split stays the same")
@@ -49,36 +75,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-file-repeat", type=int, default=1,
                         help="repeat the prompt-file answers N times in the training mix (a mixture weight)")
     parser.add_argument("--gen-tokens", type=int, default=144, help="max answer length when self-distilling")
-    parser.add_argument("--gen-batch", type=int, default=16, help="batch size of the target's answer generation")
+    parser.add_argument("--gen-batch", type=int, default=DataPlan.gen_batch,
+                        help="answers decoded at once (the slot decoder's slots, or the padded batch's rows)")
+    parser.add_argument("--gen-dtype", choices=sorted(DTYPES), default=DataPlan.gen_dtype,
+                        help="dtype the answers are decoded in ('target': the target's own); the hidden-state "
+                             "families' feature pass relabels them with the target's own numbers")
     parser.add_argument("--corpus-tokens", type=int, default=100_000, help="corpus tokens annotated with target top-k")
     parser.add_argument("--stdlib-files", type=int, default=400, help="how many stdlib .py files 'stdlib' samples")
     parser.add_argument("--topk", type=int, default=8, help="target probabilities kept per position")
-    parser.add_argument("--hidden", type=int, default=None, help="student hidden size (trainer default if unset)")
-    parser.add_argument("--layers", type=int, default=None, help="student decoder layers")
-    parser.add_argument("--init-layers", default=None,
-                        help="draft-lm: start from these target decoder layers, e.g. 0,1,2,3 (the student takes the "
-                             "target's shape and shares its embedding and output layer, which are not shipped)")
-    parser.add_argument("--init-from", type=Path, default=None,
-                        help="start from a drafter of this family exported before (e.g. the shipped one in "
-                             "specviz/assets/models/): a later session continues training without the earlier run "
-                             "folder")
     parser.add_argument("--feature-layers", type=_layer_list, default=(),
                         help="more hidden_states indices to cache with the ones this family reads, e.g. "
                              "2,9,15,21,27,28,30: one slow extraction then serves every family")
-    parser.add_argument("--set", dest="trainer_options", action="append", default=[], metavar="KEY=VALUE",
-                        help="a family's own option (repeatable), e.g. markov_rank=32, anchors=16, block_size=8, "
-                             "medusa_heads=4; the model card records them")
-    parser.add_argument("--autocast", choices=["bf16"], default=None,
-                        help="mixed precision for the training forward/backward (fp32 weights; bf16 matmuls are "
-                             "several times faster on CPUs with AMX and on GPUs)")
-    parser.add_argument("--softmax-sample", type=int, default=0,
-                        help="draft-lm: score the target's top-k + N random tokens instead of the full vocabulary "
-                             "(sampled softmax; 0 = full softmax)")
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="feature cache (git-ignored)")
-    parser.add_argument("--export", default=None, help="also write fp16 weights + model card here")
-    parser.add_argument("--name", default=None, help="model name used in the model card")
 
 
 def build_parser() -> argparse.ArgumentParser:

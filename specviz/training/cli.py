@@ -19,7 +19,7 @@ import torch
 
 from specviz import outputs
 from specviz.errors import SpecvizError
-from specviz.training.arguments import DESCRIPTION, add_train_arguments, build_parser
+from specviz.training.arguments import DESCRIPTION, add_data_arguments, add_train_arguments, build_parser
 from specviz.training.data import MIN_WINDOW, DataPlan, build_data
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
@@ -32,6 +32,32 @@ def add_train_subparser(subparsers) -> argparse.ArgumentParser:
                                    description=DESCRIPTION)
     add_train_arguments(parser)
     return parser
+
+
+def add_data_subparser(subparsers) -> argparse.ArgumentParser:
+    """Register ``data`` on the main CLI's subparsers: build (or extend) the shared training data, train nothing."""
+    parser = subparsers.add_parser("data", help="build the training data every learned drafter trains on",
+                                   description="specviz data --target T --data PATH...: the target's answers to "
+                                               "generated (and prompt-file) prompts and annotated corpus text, "
+                                               "cached in resumable shards where `specviz train` finds them.")
+    add_data_arguments(parser)
+    return parser
+
+
+def run_data(args: argparse.Namespace) -> int:
+    """Handler for ``data``: build every stage of ``train``'s data (the hidden states of ``--feature-layers``)."""
+    from specviz.models import load_model
+
+    check_numbers(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)  # noqa: E731
+    target = load_model(args.target, device=args.device)
+    plan = _plan(args, topk=args.topk, layers=tuple(args.feature_layers))
+    data = build_data(_inference_view(target), plan, args.cache_dir, log)
+    log(f"data in {args.cache_dir}: {data.train.num_sequences} training sequences "
+        f"({int(data.train.loss_mask.sum())} trained positions), {data.heldout.num_sequences} held-out answers")
+    return 0
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -79,7 +105,8 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
                **family_options}
     trainer = trainer_cls(target, options)
     warm = trainer.load_exported(args.init_from) if args.init_from is not None else None  # refused before the data
-    plan = _plan(args, trainer.features())
+    request = trainer.features()
+    plan = _plan(args, topk=request.topk, layers=request.layers)
     data = build_data(_inference_view(target), plan, args.cache_dir, log)
     train_set, heldout = data.train, data.heldout
     data_seconds = time.perf_counter() - started
@@ -123,12 +150,13 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     return summary
 
 
-def _plan(args: argparse.Namespace, request) -> DataPlan:
-    """The data to build for this trainer's ``request`` (its top-k and feature layers), checked."""
+def _plan(args: argparse.Namespace, *, topk: int, layers: tuple[int, ...]) -> DataPlan:
+    """The data to build with ``topk`` labels and the hidden states of ``layers`` (a trainer's), checked."""
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
                     extra_prompts=args.extra_prompts,
-                    gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, corpus_tokens=args.corpus_tokens,
-                    seq_len=args.seq_len, topk=request.topk, layers=request.layers,
+                    gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
+                    corpus_tokens=args.corpus_tokens,
+                    seq_len=args.seq_len, topk=topk, layers=layers,
                     extra_layers=args.feature_layers,
                     stdlib_files=args.stdlib_files, seed=args.seed, prompt_files=tuple(args.prompt_file),
                     prompt_file_holdout=args.prompt_file_holdout, sampled_answers=args.sampled_answers,
@@ -232,7 +260,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and value < low:
             raise SpecvizError(f"--{name.replace('_', '-')} must be {low} or more, got {value}")
-    if not (math.isfinite(args.lr) and args.lr > 0):
+    if hasattr(args, "lr") and not (math.isfinite(args.lr) and args.lr > 0):
         raise SpecvizError(f"--lr must be a positive number, got {args.lr}")
     if any(not str(path).strip() for path in args.data):
         raise SpecvizError("--data has an empty entry: give files, folders, globs or 'stdlib'")

@@ -5,17 +5,25 @@ interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import functools
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from specviz.errors import SpecvizError
 from specviz.training.features import FeatureSet, cache_key, extract_features
+from specviz.training.floor import Rate, flops_per_token, matmul_gflops
 from specviz.training.generate import MAX_PROMPT_TOKENS, self_distill
 from specviz.training.prompts import Prompt, build_prompts, file_prompts
 from specviz.training.text_sources import Document, iter_documents
 
-SHARD_PROMPTS = 96
+#: prompts per cached shard: enough to keep the decoder's slots full between shards, few enough to resume often
+SHARD_PROMPTS = 512
+#: ``--gen-dtype`` choices: the dtype answers are decoded in (None: the target's own); labels are always the target's
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "target": None}
 #: Prompt files hold real requests (summaries of whole articles): answer them from their full text, not a tail.
 FILE_PROMPT_TOKENS = 2048
 
@@ -29,7 +37,8 @@ class DataPlan:
     eval_prompts: int = 64
     extra_prompts: int = 0
     gen_tokens: int = 144
-    gen_batch: int = 16
+    gen_batch: int = 128
+    gen_dtype: str = "bfloat16"
     corpus_tokens: int = 100_000
     seq_len: int = 256
     topk: int = 8
@@ -74,39 +83,51 @@ def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str
     """The target's answers to ``prompts`` with top-k (greedy, or sampled at ``temperature``), in cached shards;
     with ``plan.layers``, the target's hidden states over each answered sequence, cached per shard too (so more
     prompts later cost only their own shards, plus the last shard again when it was not full)."""
-    # options at their defaults stay out of the key, so caches built before they existed remain valid
-    defaults = (temperature, max_prompt_tokens) == (0.0, MAX_PROMPT_TOKENS)
-    extra = [] if defaults else [temperature, seed, max_prompt_tokens]
+    settings = (plan.gen_tokens, plan.gen_dtype, temperature, seed, max_prompt_tokens)
     name = f"{tag}-hidden"
-    if plan.layers:  # a cache written in one piece for exactly these prompts (before shards had their own)
-        whole = ("answer-hidden", target.source, [p.text for p in prompts], plan.gen_tokens, *extra)
-        if (found := cached_hidden(cache, name, whole, plan)) is not None:
-            return found
     shards = []
     for start in range(0, len(prompts), SHARD_PROMPTS):
         chunk = prompts[start:start + SHARD_PROMPTS]
         texts = [p.text for p in chunk]
-        hidden_parts = ("answer-hidden", target.source, texts, plan.gen_tokens, *extra)
+        hidden_parts = ("answer-hidden", target.source, texts, *settings)
         if plan.layers and (found := cached_hidden(cache, name, hidden_parts, plan)) is not None:
             shards.append(found)
             continue
-        key = cache_key("answers", target.source, plan.gen_tokens, plan.topk, texts, *extra)
+        key = cache_key("answers", target.source, plan.topk, texts, *settings)
         path = cache / "features" / f"{tag}-{key}.safetensors"
         if path.is_file():
             shard = FeatureSet.load(path)
         else:
             log(f"{tag}: answering prompts {start}..{start + len(chunk)} of {len(prompts)}")
+            began = time.perf_counter()
             shard = self_distill(target.model, target.tokenizer, texts, categories=[p.category for p in chunk],
                                  max_new_tokens=plan.gen_tokens, batch_size=plan.gen_batch, topk=plan.topk,
-                                 max_prompt_tokens=max_prompt_tokens, temperature=temperature, seed=seed + start)
-            shard.save(path, {"kind": "answers", "target": target.source})
-        if plan.layers:  # hidden-state trainers need a forward pass over the full sequences
-            log(f"{tag}: target features over the answers to prompts {start}..{start + len(chunk)}")
-            save_hidden(hidden_states_over(target, shard, plan), cache, name, hidden_parts, plan,
-                        {"kind": "answers+hidden", "target": target.source})
+                                 max_prompt_tokens=max_prompt_tokens, temperature=temperature, seed=seed + start,
+                                 decode_dtype=DTYPES[plan.gen_dtype], layers=plan.cached_layers)
+            log(f"{tag}: {answer_rate(target, shard, time.perf_counter() - began, plan.gen_dtype)}")
+            replace(shard, hidden={}).save(path, {"kind": "answers", "target": target.source})
+        if plan.layers:  # hidden-state trainers need the target's hidden states over the full sequences
+            if not shard.hidden:
+                log(f"{tag}: target features over the answers to prompts {start}..{start + len(chunk)}")
+                shard = hidden_states_over(target, shard, plan)
+            save_hidden(shard, cache, name, hidden_parts, plan, {"kind": "answers+hidden", "target": target.source})
             shard = cached_hidden(cache, name, hidden_parts, plan)  # as stored: a rerun trains on the same numbers
         shards.append(shard)
     return FeatureSet.concat(shards)
+
+
+def answer_rate(target, shard: FeatureSet, seconds: float, gen_dtype: str) -> str:
+    """How fast ``shard`` was answered and labelled (its teacher-forced pass included), against this machine's
+    floor in the decoding dtype."""
+    dtype = DTYPES[gen_dtype] or target.dtype
+    rate = Rate(tokens=shard.num_tokens, answer_tokens=int(shard.loss_mask.sum()), seconds=seconds,
+                gflops=_gflops(dtype, target.device), flops_per_token=flops_per_token(target.model))
+    return rate.describe(dtype)
+
+
+@functools.cache
+def _gflops(dtype: torch.dtype, device: str) -> float:
+    return matmul_gflops(dtype, device=device)
 
 
 def hidden_states_over(target, answered: FeatureSet, plan: DataPlan) -> FeatureSet:

@@ -1,8 +1,13 @@
-"""Self-distillation data: the target's own chat answers, with its top-k probabilities captured for free.
+"""Self-distillation data: the target's own chat answers, with its top-k probabilities.
 
-Batched greedy decoding with left padding (many times the batch-1 rate on CPU); finished rows leave the batch (their KV
-rows are dropped) so long answers do not keep short ones busy. The logits computed while decoding are exactly the
-target's next-token distributions, so no second feature pass is needed for the answer tokens.
+Answers come from ``slot_decoder.SlotDecoder`` (continuous batching over preallocated key/value buffers) where the
+target's architecture is one it runs, else from ``greedy_batch`` (one left-padded batch through transformers'
+forward; finished rows leave it). Decoded in the target's own dtype, the logits computed while decoding are exactly
+the target's next-token distributions, so no second pass is needed for the labels. Decoded in another dtype
+(``decode_dtype``: bfloat16 products run about twice as fast as float32 ones on CPUs with bfloat16 instructions),
+the labels are that dtype's numbers (``tools/answer_rate.py`` measures how often its top-1 differs from the target's
+own) until a teacher-forced pass of the target in its own dtype relabels them: the pass that also gives the feature
+trainers their hidden states (``layers``), so for those families every label is the target's own.
 """
 
 from __future__ import annotations
@@ -10,7 +15,9 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from specviz.training.features import FeatureSet
+from specviz.errors import SpecvizError
+from specviz.training import slot_decoder
+from specviz.training.features import FeatureSet, extract_features
 
 #: Longest prompt answered by default (generated prompts are shorter; longer ones keep their last tokens).
 MAX_PROMPT_TOKENS = 640
@@ -88,26 +95,30 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, eos: s
 
 def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] | None = None,
                  max_new_tokens: int = 160, batch_size: int = 24, topk: int = 8,
-                 max_prompt_tokens: int = MAX_PROMPT_TOKENS, temperature: float = 0.0, seed: int = 0) -> FeatureSet:
+                 max_prompt_tokens: int = MAX_PROMPT_TOKENS, temperature: float = 0.0, seed: int = 0,
+                 decode_dtype: torch.dtype | None = None, layers: tuple[int, ...] = ()) -> FeatureSet:
     """Answer every prompt (greedy, or sampled at ``temperature`` with ``seed``); return prompt+answer sequences
-    with top-k on the answer positions only. Prompts longer than ``max_prompt_tokens`` keep their last tokens."""
-    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
+    with top-k on the answer positions only. Prompts longer than ``max_prompt_tokens`` keep their last tokens.
+    ``batch_size`` is the number of answers decoded at once; ``decode_dtype`` (default: the model's) see above.
+    With ``layers`` (hidden_states indices), a teacher-forced pass of ``model`` in its own dtype relabels the answers
+    and keeps those hidden states: one pass gives the feature trainers exact labels and their inputs."""
     encoded = [chat_ids(tokenizer, text)[-max_prompt_tokens:] for text in prompts]
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     eos = stop_ids(tokenizer, model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    results: dict[int, tuple] = {}
-    with tqdm(total=len(prompts), desc="target answers", unit="prompt") as bar:
-        for start in range(0, len(order), batch_size):
-            batch = order[start:start + batch_size]
-            for i, result in zip(batch, greedy_batch(model, [encoded[i] for i in batch], max_new_tokens=max_new_tokens,
-                                                     eos=eos, pad_id=pad_id, topk=topk, temperature=temperature,
-                                                     generator=generator)):
-                results[i] = result
-            bar.update(len(batch))
+    own_dtype = next(model.parameters()).dtype
+    decode_dtype = decode_dtype or own_dtype
+    if slot_decoder.unsupported(model) is None:
+        decoder = slot_decoder.SlotDecoder(model, slots=batch_size, dtype=decode_dtype)
+        results = [(a.ids, torch.stack(a.top_ids), torch.stack(a.top_probs))
+                   for a in decoder.answer(encoded, max_new_tokens=max_new_tokens, eos=eos, topk=topk,
+                                           temperature=temperature, seed=seed)]
+    elif decode_dtype != own_dtype:
+        raise SpecvizError(f"decoding in {decode_dtype} needs the slot decoder, which cannot run this model: "
+                           f"{slot_decoder.unsupported(model)}")
+    else:
+        results = _padded_batches(model, tokenizer, encoded, eos, max_new_tokens=max_new_tokens,
+                                  batch_size=batch_size, topk=topk, temperature=temperature, seed=seed)
     ids, masks, t_ids, t_probs, starts = [], [], [], [], [0]
-    for i, prompt in enumerate(encoded):
-        answer, top_i, top_p = results[i]
+    for prompt, (answer, top_i, top_p) in zip(encoded, results):
         seq = prompt + answer
         mask = torch.zeros(len(seq), dtype=torch.bool)
         mask[len(prompt) - 1:len(seq) - 1] = True  # position j predicts token j+1 = each answer token
@@ -120,5 +131,37 @@ def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] 
         t_ids.append(full_i)
         t_probs.append(full_p)
         starts.append(starts[-1] + len(seq))
-    return FeatureSet(torch.cat(ids), torch.tensor(starts), torch.cat(masks), torch.cat(t_ids), torch.cat(t_probs),
-                      categories=categories or ["chat"] * len(prompts))
+    answered = FeatureSet(torch.cat(ids), torch.tensor(starts), torch.cat(masks), torch.cat(t_ids), torch.cat(t_probs),
+                          categories=categories or ["chat"] * len(prompts))
+    return relabel(model, answered, topk, layers) if layers else answered
+
+
+def relabel(model, answered: FeatureSet, topk: int, layers: tuple[int, ...] = ()) -> FeatureSet:
+    """``answered`` with every answer position's top-k (and ``layers``' hidden states) from a teacher-forced pass of
+    ``model`` in its own dtype."""
+    seqs = [answered.input_ids[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
+    masks = [answered.loss_mask[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
+    labelled = extract_features(model, seqs, topk=topk, layers=layers, loss_masks=masks,
+                                categories=answered.categories, desc="target labels")
+    keep = answered.loss_mask[:, None]
+    labelled.topk_ids = torch.where(keep, labelled.topk_ids, torch.full_like(labelled.topk_ids, -1))
+    labelled.topk_probs = torch.where(keep, labelled.topk_probs, torch.zeros_like(labelled.topk_probs))
+    return labelled
+
+
+def _padded_batches(model, tokenizer, encoded: list[list[int]], eos: set[int], *, max_new_tokens: int,
+                    batch_size: int, topk: int, temperature: float, seed: int) -> list[tuple]:
+    """``greedy_batch`` over length-sorted batches of ``encoded``, results in the prompts' order."""
+    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    results: dict[int, tuple] = {}
+    with tqdm(total=len(encoded), desc="target answers", unit="prompt") as bar:
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            for i, result in zip(batch, greedy_batch(model, [encoded[i] for i in batch], max_new_tokens=max_new_tokens,
+                                                     eos=eos, pad_id=pad_id, topk=topk, temperature=temperature,
+                                                     generator=generator)):
+                results[i] = result
+            bar.update(len(batch))
+    return [results[i] for i in range(len(encoded))]

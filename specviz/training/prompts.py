@@ -23,11 +23,25 @@ TOPICS = (
     "recycling", "sleep", "gravity", "the Great Wall of China", "antibiotics", "compound interest", "tides",
     "the Industrial Revolution", "batteries", "the Olympic Games", "jazz music", "glaciers", "bread baking",
     "public transport", "social media", "meditation", "coral reefs", "the periodic table", "time zones",
+    "the theory of evolution", "quantum computers", "the Silk Road", "wind turbines", "the human brain", "hurricanes",
+    "the Cold War", "3D printing", "bacteria", "the speed of light", "ancient Egypt", "nuclear power", "rain forests",
+    "the Byzantine Empire", "cryptocurrency", "the ozone layer", "vitamins", "the Amazon river", "the Bronze Age",
+    "artificial satellites", "desalination", "the Reformation", "supply and demand", "the metric system", "tsunamis",
+    "the printing of money", "photosynthetic algae", "the invention of writing", "magnetism", "the Maya civilisation",
+    "urban gardening", "the Apollo program", "friction", "the Enlightenment", "minimum wage laws", "migratory birds",
+    "the Dead Sea", "antibiotic resistance", "electric guitars", "chess openings", "the human skeleton", "fermentation",
+    "the United Nations", "radio waves", "deserts", "the Mongol Empire", "volunteering", "the water footprint of food",
+    "the history of the bicycle", "black-and-white photography", "the first computers", "sound waves", "leap years",
 )
 PEOPLE = ("a pirate captain", "a medieval knight", "a detective", "a friendly robot", "a museum guide", "a chef",
-          "a space explorer", "a wise old teacher", "a sports coach", "a travel agent")
+          "a space explorer", "a wise old teacher", "a sports coach", "a travel agent", "a park ranger",
+          "a startup founder", "a librarian", "a ship's doctor", "a fashion designer", "a lighthouse keeper")
 PLACES = ("Paris", "Tokyo", "a small mountain village", "the Sahara desert", "New York", "Iceland", "Rome",
-          "a rainforest", "the Moon", "an old lighthouse")
+          "a rainforest", "the Moon", "an old lighthouse", "Cairo", "a Scottish island", "Buenos Aires",
+          "a space station")
+#: how a standalone request asks to be answered (empty: as it stands)
+FRAMINGS = ("", "", "", " Answer in three bullet points.", " Explain it to a ten-year-old.",
+            " Keep it under 100 words.", " Give one concrete example.", " Be detailed and precise.")
 ITEMS = ("apples", "books", "marbles", "pencils", "cookies", "stickers", "oranges", "tickets", "coins", "shells")
 NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jia", "Kofi", "Lena", "Maya", "Omar")
 CODE_TASKS = (
@@ -110,11 +124,13 @@ def _standalone(rng: random.Random) -> Prompt:
                     f"Write a persuasive paragraph about why people should learn about {topic}.",
                     f"Write a short story set in {place}."),
         "roleplay": (f"Pretend you are {person}. Introduce yourself and describe your day.",
-                     f"Act as {person} and give advice to someone visiting {place}."),
+                     f"Act as {person} and give advice to someone visiting {place}.",
+                     f"You are {person} in {place}. A stranger asks you about {topic}. Reply in character.",
+                     f"Stay in character as {person} and tell a short tale about {place}."),
         "reasoning": (f"What would happen if {topic} suddenly disappeared? Think it through step by step.",
                       f"Compare {topic} and {rng.choice(TOPICS)}: how are they similar and different?"),
     }
-    return Prompt(kind, rng.choice(templates[kind]))
+    return Prompt(kind, rng.choice(templates[kind]) + rng.choice(FRAMINGS))
 
 
 def _from_code(rng: random.Random, snippet: str) -> Prompt:

@@ -61,3 +61,22 @@ def draft(target_model: torch.nn.Module) -> torch.nn.Module:
     if getattr(short.config, "layer_types", None):
         short.config.layer_types = short.config.layer_types[:1]
     return short
+
+
+#: a chat template in the tiny vocabulary: ``w1`` opens a turn, ``w2`` ends it (and is the end token)
+CHAT_TEMPLATE = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+                 "{% if add_generation_prompt %}w1 {% endif %}")
+
+
+def save_chat_model(folder, *, layers: int = 4) -> str:
+    """The tiny target written as a model directory with a chat template, for commands that load a ``--target``
+    (the training pipeline's dry run); returns the directory."""
+    net = model("cpu", torch.float32, "sdpa", layers=layers)
+    net.config.eos_token_id = net.generation_config.eos_token_id = 2
+    words = tokenizer()
+    words.eos_token = "w2"
+    words.mask_token = "w3"  # the block drafters' mask (DFlash, DSpark)
+    words.chat_template = CHAT_TEMPLATE
+    net.save_pretrained(str(folder))
+    words.save_pretrained(str(folder))
+    return str(folder)

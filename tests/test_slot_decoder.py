@@ -1,0 +1,103 @@
+"""The slot decoder (continuous batching for training data) and the compute floor it is measured against."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from specviz.training.floor import Rate, flops_per_token, matmul_gflops
+from specviz.training.generate import greedy_batch, relabel, self_distill
+from specviz.training.slot_decoder import SlotDecoder, unsupported
+
+SHAPE = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2}
+MODELS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE)),
+    "qwen2 (q/k/v biases)": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),
+    "qwen3 (q/k norms)": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)),
+}
+
+
+def _prompts(count: int, seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 40, (count,), generator=generator)
+    return [torch.randint(0, 300, (int(n),), generator=generator).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("make", MODELS.values(), ids=MODELS.keys())
+def test_greedy_answers_are_transformers_own_whatever_the_slots(make):
+    """Fewer slots than prompts (so finished answers hand their slots on), an end token that stops some answers
+    early: every answer and its top-k equal transformers' batched greedy decoding of the same prompts."""
+    torch.manual_seed(0)
+    model = make().eval()
+    prompts = _prompts(19)
+    end = {greedy_batch(model, prompts[:1], max_new_tokens=3, eos=set(), pad_id=0)[0][0][2]}  # a token it says
+    reference = greedy_batch(model, prompts, max_new_tokens=10, eos=end, pad_id=0, topk=4)
+    assert any(len(ids) < 10 for ids, _, _ in reference)  # the end token does end some answers
+    for slots in (3, 32):
+        answers = SlotDecoder(model, slots=slots).answer(prompts, max_new_tokens=10, eos=end, topk=4)
+        for (ids, top_ids, top_probs), answer in zip(reference, answers):
+            assert answer.ids == ids
+            assert torch.equal(torch.stack(answer.top_ids), top_ids)
+            torch.testing.assert_close(torch.stack(answer.top_probs), top_probs, atol=1e-5, rtol=1e-4)
+
+
+def test_a_sampled_answer_does_not_depend_on_its_batch():
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    prompts = _prompts(9)
+    alone = [SlotDecoder(model, slots=1).answer([p], max_new_tokens=8, eos=set(), temperature=1.0, seed=5 + i)[0].ids
+             for i, p in enumerate(prompts)]
+    together = SlotDecoder(model, slots=4).answer(prompts, max_new_tokens=8, eos=set(), temperature=1.0, seed=5)
+    assert [a.ids for a in together] == alone
+    greedy = SlotDecoder(model, slots=4).answer(prompts, max_new_tokens=8, eos=set())
+    assert [a.ids for a in together] != [a.ids for a in greedy]  # it did sample
+
+
+def test_other_architectures_are_named_and_keep_the_padded_batches(tmp_path):
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2)).eval()
+    assert "gpt2" in unsupported(model)
+    with pytest.raises(ValueError, match="cannot run this model: model type 'gpt2'"):
+        SlotDecoder(model)
+
+
+def test_the_feature_pass_gives_answers_decoded_in_bfloat16_the_float32_targets_labels(tmp_path):
+    """With hidden states asked for, bfloat16 decoding only chooses the contexts: every label is the float32
+    target's, from the teacher-forced pass (the same numbers ``relabel`` gives) that gives the hidden states."""
+    from tiny import save_tiny_model
+
+    from specviz.models import load_model
+
+    target = load_model(str(save_tiny_model(tmp_path / "target", hidden=32, layers=2)))
+    prompts = ["the cat sat", "a dog ran far away", "why"]
+    fast = self_distill(target.model, target.tokenizer, prompts, max_new_tokens=6, batch_size=2, topk=3,
+                        decode_dtype=torch.bfloat16, layers=(1,))
+    exact = relabel(target.model, fast, 3)
+    assert torch.equal(fast.topk_ids, exact.topk_ids) and torch.equal(fast.topk_probs, exact.topk_probs)
+    assert set(fast.hidden) == {1} and fast.hidden[1].shape == (fast.num_tokens, 32)
+    assert (fast.topk_ids[~fast.loss_mask] == -1).all() and (fast.topk_ids[fast.loss_mask] >= 0).all()
+    plain = self_distill(target.model, target.tokenizer, prompts, max_new_tokens=6, batch_size=2, topk=3)
+    again = relabel(target.model, plain, 3)  # decoded in its own dtype: the decoding's logits are the labels
+    assert not plain.hidden and torch.equal(plain.topk_ids, again.topk_ids)
+    torch.testing.assert_close(plain.topk_probs, again.topk_probs, atol=1e-5, rtol=1e-4)
+
+
+def test_the_floor_is_the_matrix_rate_over_two_flops_a_weight():
+    model = LlamaForCausalLM(LlamaConfig(**SHAPE))
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert flops_per_token(model) == 2 * weights
+    rate = Rate(tokens=600, answer_tokens=200, seconds=2.0, gflops=100.0, flops_per_token=1e8)
+    assert rate.floor == 1000 and rate.fraction == pytest.approx(0.3)
+    assert "100 answer tokens/s, 300 forward tokens/s = 30% of the floor (1000 tokens/s" in rate.describe(
+        torch.bfloat16)
+    assert matmul_gflops(side=256, repeats=1) > 0
