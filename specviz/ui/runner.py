@@ -8,6 +8,7 @@ can run in ZeroGPU's worker process. The plain-decoding baseline is measured bes
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -16,10 +17,13 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from specviz import api, settings
 from specviz.drafters import registry
 from specviz.drafters.suffix_store import SessionMemory
+from specviz.engine import cost_curve
 from specviz.engine.round import Round
 from specviz.errors import SpecvizError
 from specviz.ui import zerogpu
+from specviz.viz import theory
 
+log = logging.getLogger("specviz.ui")
 _PRELOADED: dict[str, api.Target] = {}
 _LOADED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
@@ -177,7 +181,23 @@ def stream(request: RunRequest, fallback_note: str = "", memory: SessionMemory |
                 yield BaselineMeasured({**plain.estimate().to_dict(), "runs_sharing": shared})
     finally:
         _count_run(-1)
-    yield Finished(api.summary_for(run), run.stop_reason)
+    summary = api.summary_for(run)
+    curve = verify_cost(target, request.budget())
+    if curve is not None:
+        summary["cost_curve"] = curve  # in the trace too: a replay draws the same theory panel
+    yield Finished(summary, run.stop_reason)
+
+
+def verify_cost(target: api.Target, budget: api.DraftBudget) -> dict | None:
+    """The target's verify-cost curve on this machine, over every width the theory panel draws for this run's shape
+    (``specviz.viz.theory``): timed once per machine and model, after the run so its rounds are not slowed, then read
+    back. None where it cannot be timed (the panel then says the curve is missing)."""
+    widest = theory.widest(budget.k, budget.tree, budget.max_nodes)
+    try:
+        return cost_curve.measured(target, widest).to_dict()
+    except (SpecvizError, RuntimeError) as error:
+        log.warning("the verify-cost curve could not be timed: %s", error)
+        return None
 
 
 @zerogpu.gpu

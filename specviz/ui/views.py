@@ -1,4 +1,5 @@
-"""``RunView``: the panel group that shows one run (tree, round picker, text, metrics, speedup, charts, warnings).
+"""``RunView``: the panel group that shows one run (tree, round picker, text, metrics, speedup, charts, theory
+beside measurement, warnings).
 
 Built twice — in the Playground for live runs, in the Traces tab for replays — from the same code, so a replayed
 trace looks exactly like the live run it recorded. ``render`` only reads a ``RunRecord``; it never calls a model.
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import gradio as gr
 import plotly.graph_objects as go
 
-from specviz.viz import charts, diagnostics, panels
+from specviz.viz import charts, diagnostics, panels, theory
 from specviz.viz.confidence import confidence_spec
 from specviz.viz.lookahead import window_spec
 from specviz.viz.record import RunRecord
@@ -87,6 +88,8 @@ class RunView:
     confidence: gr.Plot
     warnings: gr.HTML
     window: gr.Plot
+    theory: gr.Plot
+    theory_note: gr.Markdown
 
     @classmethod
     def build(cls, prefix: str = "", *, intro: str = "") -> RunView:
@@ -106,18 +109,21 @@ class RunView:
         with gr.Accordion("Formulas (how every number is defined)", open=False, elem_id=f"{prefix}formulas"):
             gr.Markdown(panels.formulas_markdown())
         charts_plot = gr.Plot(label="acceptance, time and speed", show_label=False, elem_id=f"{prefix}charts")
+        theory_plot = gr.Plot(plot(theory.figure_spec(None)), label="theory vs measurement: expected τ and speedup "
+                              "against draft length", elem_id=f"{prefix}theory")
+        theory_note = gr.Markdown(theory.explanation(None), elem_id=f"{prefix}theory-note")
         confidence = gr.Plot(plot(confidence_spec([])), label="drafter confidence: the round's block and the run's "
                              "calibration", elem_id=f"{prefix}confidence")
         warnings = gr.HTML("", elem_id=f"{prefix}warnings")
         window = gr.Plot(label="lookahead: the Jacobi window of the round", elem_id=f"{prefix}window",
                          visible=False)
         return cls(status, speedup, tree, round_slider, round_info, tokens, metrics, charts_plot, confidence,
-                   warnings, window)
+                   warnings, window, theory_plot, theory_note)
 
     @property
     def outputs(self) -> list:
         return [self.status, self.speedup, self.tree, self.round_slider, self.round_info, self.tokens, self.metrics,
-                self.charts, self.confidence, self.warnings, self.window]
+                self.charts, self.confidence, self.warnings, self.window, self.theory, self.theory_note]
 
     @property
     def round_outputs(self) -> list:
@@ -139,6 +145,8 @@ class RunView:
         updates[self.metrics] = panels.metrics_html(record)
         if heavy:
             updates[self.charts] = self.charts_figure(record)
+            shown = theory.theory(record)
+            updates[self.theory], updates[self.theory_note] = plot(theory.figure_spec(shown)), theory.explanation(shown)
             updates[self.warnings] = diagnostics.diagnostics_html(diagnostics.diagnose(record)) if count else ""
         return updates
 
