@@ -20,7 +20,7 @@ from specviz import settings
 from specviz.drafters import registry
 from specviz.drafters.retrieval import RetrievalDrafter
 from specviz.drafters.suffix_store import SessionMemory
-from specviz.engine import attention, metrics, trace
+from specviz.engine import attention, metrics, served, trace
 from specviz.engine.baseline import InterleavedBaseline
 from specviz.engine.drafter import DraftBudget, Drafter
 from specviz.engine.loop import Generation, GenerationConfig, plain_decode
@@ -59,7 +59,9 @@ DRAFTER_KINDS = {family.syntax: family.description for family in registry.famili
 
 
 def load_target(spec: str, *, target_forward: str = "auto", **kwargs) -> Target:
-    """Load a target by registry name, local directory, GGUF file or hub id (see ``specviz.models``).
+    """Load a target by registry name, local directory, GGUF file or hub id (see ``specviz.models``), or open one a
+    vLLM server serves (``vllm:<base url>[#<model>]``, ``specviz.engine.served``: greedy, drafters without target
+    hidden states).
 
     ``target_forward``: ``auto`` (the fast path where it runs), ``fast`` or ``hf`` (transformers' own forward).
     """
@@ -68,6 +70,8 @@ def load_target(spec: str, *, target_forward: str = "auto", **kwargs) -> Target:
 
     if not isinstance(spec, str) or not spec.strip():
         raise SpecvizError(f"the target must be a model name, folder, .gguf file or hub id, not {spec!r}")
+    if served.is_served(spec):
+        return served.open_target(spec)
     loaded = load_model(spec, role="target", **kwargs)
     forward = choose_target_forward(target_forward, loaded.device, loaded.dtype)
     if forward == "hf":
@@ -87,6 +91,9 @@ def make_drafter(spec: str, target: Target, run_settings: Mapping[str, Any] | No
     if target is None or isinstance(target, str):
         raise SpecvizError(f"make_drafter needs the loaded target (api.load_target(...)), not {target!r}")
     family, argument = registry.parse(spec)
+    if isinstance(target, served.ServedTarget) and family.layers_for(target.config.num_hidden_layers):
+        raise SpecvizError(f"{family.title} drafts from the target's hidden states, which a served target does not "
+                           f"return: use a drafter that reads only tokens (ngram, retrieval, lookahead, model:<name>)")
     checked = settings.validate({**run_settings, **values} if values and run_settings else values or run_settings)
     drafter = family.build(argument, target, checked)
     if memory is not None and isinstance(drafter, RetrievalDrafter):
@@ -158,7 +165,7 @@ def header_for(run: Generation, prompt_text: str | None = None, chat: bool = Fal
     return trace.make_header(
         target={"name": target.name, "source": target.source, "vocab_size": target.vocab_size,
                 "forward": target.forward, **_linear_kernels(target.model)},
-        attention=attention.describe(target.model),
+        attention=attention.describe(target.model) if target.model is not None else {"implementation": "served"},
         drafter=({**run.drafter.describe(), "feature_layers": list(run.drafter.feature_layers)}
                  if run.drafter else None),
         config={**run.config.to_dict(), "chat": chat},

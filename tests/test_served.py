@@ -7,6 +7,7 @@ Output through the served target must equal vLLM's own greedy completion of the 
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import socket
@@ -125,3 +126,39 @@ def test_served_greedy_equals_vllm_greedy(server, target, shape, route):
         assert run.new_tokens == expected, (shape, route, prompt)
         if drafter is not None and shape != "ngram-chain":
             assert any(r.accepted for r in run.rounds), "the drafter never got a token accepted"
+
+
+def test_a_served_target_spec_that_cannot_open_is_one_line(capsys, monkeypatch):
+    from specviz.cli import main
+
+    for spec, says in (("vllm:127.0.0.1:8000", "vllm:<base url>[#<model>]"),
+                       ("vllm:http://127.0.0.1:9", "cannot reach the server")):
+        assert main(["generate", "--target", spec, "--drafter", "ngram", "--prompt", "hi"]) == 2
+        said = capsys.readouterr().err.strip()
+        assert says in said and len(said.splitlines()) == 1
+    monkeypatch.setenv("SPACE_ID", "someone/space")  # a public Space: only what its operator allowlists
+    assert main(["generate", "--target", "vllm:http://127.0.0.1:9", "--prompt", "hi"]) == 2
+    assert "is not allowed here" in capsys.readouterr().err
+
+
+def test_generate_against_a_served_target(server, target, capsys):
+    """``--target vllm:<url>`` from the command line: the tokenizer and config come from where the server loaded the
+    model, an n-gram chain's output is vLLM's own greedy completion, a drafter that needs hidden states and sampling
+    are refused in one line, and --baseline measures the same server's plain decoding."""
+    from specviz.cli import main
+
+    spec = f"vllm:{server.base_url}#target"
+    served = api.load_target(spec)
+    assert served.vocab_size == target.vocab_size and served.model is None
+    prompt = PROMPTS[1]
+    assert main(["generate", "--target", spec, "--drafter", "ngram", "--k", "4", "--prompt", prompt,
+                 "--max-new-tokens", str(NEW), "--baseline", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    prompt_ids = target.encode_prompt(prompt, chat=True)
+    expected = vllm_greedy(server, prompt_ids, NEW)
+    assert result["token_ids"][:len(expected)] == expected[:len(result["token_ids"])]
+    assert result["speedup"] > 0 and result["baseline_token_ids"] == result["token_ids"]
+    for extra, says in ((["--drafter", "eagle3"], "hidden states"), (["--temperature", "0.7"], "temperature 0")):
+        assert main(["generate", "--target", spec, "--prompt", prompt, "--max-new-tokens", "4", *extra]) == 2
+        said = capsys.readouterr().err.strip()
+        assert says in said and len(said.splitlines()) == 1

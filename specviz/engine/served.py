@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specviz.engine.sampling import SamplingConfig
+from specviz.engine.target import Target
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.engine.verifier import Scored, Verifier
 from specviz.errors import SpecvizError
@@ -83,6 +84,14 @@ class ServedClient:
         if not found:
             raise SpecvizError(f"the server at {self.base_url} serves no model")
         return found
+
+    def root(self) -> str:
+        """Where the server loaded ``self.model`` from (a folder on its machine, or a hub id)."""
+        for entry in self._request("/v1/models").get("data", []):
+            if entry["id"] == self.model:
+                return entry.get("root") or entry["id"]
+        raise SpecvizError(f"the server at {self.base_url} does not serve {self.model!r}; it serves "
+                           f"{', '.join(self.models())}")
 
     def tokenize(self, text: str) -> list[int]:
         return self._request("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"]
@@ -233,6 +242,68 @@ class ServedVerifier(Verifier):
         if len(self.tokens) != committed + len(path):
             raise SpecvizError(f"served verifier out of step: kept {len(self.tokens)} tokens, "
                                f"expected {committed + len(path)}")
+
+
+PREFIX = "vllm:"
+
+
+def is_served(spec: str) -> bool:
+    """Whether a target spec names a served model (``vllm:<base url>[#<model>]``)."""
+    return isinstance(spec, str) and spec.strip().startswith(PREFIX)
+
+
+@dataclass
+class ServedTarget(Target):
+    """A target whose forward runs on a vLLM server: here only its tokenizer and config (for the vocabulary, the end
+    tokens and the pieces the views show), loaded from where the server loaded the model. Its verifier is the
+    server (``new_verifier``); there is no model in this process, so nothing reads its hidden states."""
+
+    client: ServedClient | None = None
+    model_config: object = None
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def config(self):
+        return self.model_config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model_config.vocab_size)
+
+    def new_verifier(self) -> ServedVerifier:
+        return ServedVerifier(self.client, self.vocab_size)
+
+
+def open_target(spec: str, *, timeout: float = 120.0) -> ServedTarget:
+    """``vllm:<base url>[#<model>]`` as a ``ServedTarget``: the server asked which model it serves (the first, unless
+    ``#<model>`` names one) and where it loaded it from; the tokenizer and config read from there (a folder this
+    machine sees too, or a hub id), and checked against the server's own tokenizer. One line for each failure."""
+    from transformers import AutoConfig
+
+    from specviz.models.loader import load_tokenizer
+    from specviz.models.policy import check_allowed, trust_remote_code
+
+    check_allowed(spec.strip())  # a public Space serves only what its operator allowlists, never a visitor's URL
+    url, _, model = spec.strip()[len(PREFIX):].partition("#")
+    if not url.startswith(("http://", "https://")):
+        raise SpecvizError(f"a served target is vllm:<base url>[#<model>], e.g. vllm:http://127.0.0.1:8000; "
+                           f"got {spec!r}")
+    client = ServedClient(url, model or None, timeout=timeout)
+    root = client.root()
+    try:
+        config = AutoConfig.from_pretrained(root, trust_remote_code=trust_remote_code())
+    except (OSError, ValueError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise SpecvizError(f"the served model's config is not readable here from {root} ({first}): specviz needs "
+                           f"its tokenizer and config on this machine too") from None
+    target = ServedTarget(model=None, tokenizer=load_tokenizer(root), name=f"{PREFIX}{client.model}",
+                          source=f"{client.base_url} ({root})", forward="served", client=client,
+                          model_config=config.get_text_config(decoder=True))
+    check_tokenizer(client, target)
+    return target
 
 
 def check_tokenizer(client: ServedClient, target, text: str = "Speculative decoding, checked: 12345 héllo!") -> None:
