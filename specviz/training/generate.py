@@ -137,16 +137,13 @@ def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] 
 
 
 def relabel(model, answered: FeatureSet, topk: int, layers: tuple[int, ...] = ()) -> FeatureSet:
-    """``answered`` with every answer position's top-k (and ``layers``' hidden states) from a teacher-forced pass of
-    ``model`` in its own dtype."""
+    """``answered`` relabelled by a teacher-forced pass of ``model`` in its own dtype: every position's top-k (the
+    prompt's too, as the feature pass over cached answers gives them) and ``layers``' hidden states; the same loss
+    mask (the answer positions)."""
     seqs = [answered.input_ids[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
     masks = [answered.loss_mask[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
-    labelled = extract_features(model, seqs, topk=topk, layers=layers, loss_masks=masks,
-                                categories=answered.categories, desc="target labels")
-    keep = answered.loss_mask[:, None]
-    labelled.topk_ids = torch.where(keep, labelled.topk_ids, torch.full_like(labelled.topk_ids, -1))
-    labelled.topk_probs = torch.where(keep, labelled.topk_probs, torch.zeros_like(labelled.topk_probs))
-    return labelled
+    return extract_features(model, seqs, topk=topk, layers=layers, loss_masks=masks, categories=answered.categories,
+                            desc="target labels")
 
 
 def _padded_batches(model, tokenizer, encoded: list[list[int]], eos: set[int], *, max_new_tokens: int,
