@@ -38,7 +38,9 @@ class Setting:
     (``open_low``/``open_high`` exclude the bound; ``high=None`` is unbounded); ``choices`` restrict strings.
     ``ui`` is the widget kind (``None``: not in the UI); ``ui_low``/``ui_high`` narrow the range the UI accepts (a
     value outside it is an error there, never clamped); ``ui_step`` is a number box's arrow step; ``ui_options``
-    label a bool's two values on a radio; ``ui_id`` is the element id.
+    label a bool's two values on a radio; ``ui_id`` is the element id. ``ui_basic`` puts the widget on the UI's first
+    screen (a lesson's few controls; the rest go under "Advanced"), where ``ui_info`` says what it does in plain words
+    instead of the CLI help.
     ``emit``: when the benchmark's reproducible command line writes it (``always``, or only when ``changed``).
     """
 
@@ -65,6 +67,8 @@ class Setting:
     ui_options: tuple[tuple[str, Any], ...] = ()
     ui_id: str | None = None
     ui_row: str | None = None  # consecutive widgets with the same row name share a row
+    ui_basic: bool = False  # on the UI's first screen, not under "Advanced"
+    ui_info: str = ""  # the first screen's info line, in plain words (no flags, no spec syntax)
     group: str = "run"  # the UI's section: "prompt", "model" (the target and its forward) or "run"
     emit: str = "changed"
 
@@ -139,21 +143,26 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("tree", bool, True, "draft a tree (width x depth, at most max-nodes)", "draft shape", flags=("--tree",),
              off_flags=("--chain",),
              off_help="draft a chain of k tokens (generate: also what --k typed alone asks for)",
-             ui_options=(("chain", False), ("tree", True)), ui_id="shape", emit="always",
+             ui_options=(("chain", False), ("tree", True)), ui_id="shape", emit="always", ui_basic=True,
+             ui_info="a chain guesses one run of tokens each round; a tree guesses several alternatives at each "
+                     "step, and the model checks them all in one pass. Default: a small tree, the fastest measured",
              why="a 4-node tree (width 3, depth 2) is " + FASTEST + " for the default drafter"),
-    _setting("k", int, 2, "chain length: tokens drafted per round", "chain length k", low=1, high=32, ui_high=16,
+    _setting("k", int, 2, "chain length: tokens drafted per round", "draft length", low=1, high=32, ui_high=16,
+             ui_basic=True, ui_info="how many tokens the drafter guesses in each round of a chain",
              why="a chain of k = 2 is the fastest chain of the default drafter on the reference 2-core CPU "
                  "(BENCHMARKS.md)", emit="always"),
     _setting("width", int, 3, "tree: children per expanded node", "tree width", low=1, high=16, ui_high=8,
              ui_row="tree", emit="always"),
     _setting("depth", int, 2, "tree: maximum depth", "tree depth", low=1, high=32, ui_high=12, ui_row="tree",
              emit="always"),
-    _setting("max_nodes", int, 4, "tree: maximum number of drafted nodes", "tree node budget",
-             flags=("--max-nodes", "--budget"), low=1, high=256, ui_high=128,
+    _setting("max_nodes", int, 4, "tree: maximum number of drafted nodes", "node budget",
+             flags=("--max-nodes", "--budget"), low=1, high=256, ui_high=128, ui_basic=True,
+             ui_info="how many guessed tokens a tree may hold in all, over all its branches",
              why="a 4-node tree (width 3, depth 2) is " + FASTEST, ui_id="max-nodes", emit="always"),
     # ---- sampling and length ---------------------------------------------------------------------------------
     _setting("temperature", float, 0.0, "sampling temperature (0 = greedy)", "temperature (0 = greedy)", low=0.0,
-             high=10.0, ui_high=2.0, ui_step=0.05, ui_row="sampling", emit="always"),
+             high=10.0, ui_high=2.0, ui_step=0.05, ui_row="sampling", emit="always", ui_basic=True,
+             ui_info="0 always takes the model's most likely token; higher values pick more freely"),
     _setting("top_p", float, 1.0, "nucleus sampling: keep the smallest set of tokens with this much probability",
              "top-p", low=0.0, high=1.0, open_low=True, ui_low=0.05, ui_step=0.05, ui_row="sampling"),
     _setting("top_k", int, 0, "keep only the k most likely tokens (0 = off)", "top-k", low=0, ui=None),

@@ -76,6 +76,11 @@ from specviz.errors import SpecvizError
 
 KINDS = ("dflash", "dspark")
 TITLES = {"dflash": "DFlash block drafter", "dspark": "DSpark block drafter"}
+#: Each drafter by a plain name with one line on what it does (the Playground's drafter list).
+PLAIN = {"dflash": ("Block drafter (DFlash)", "guesses a whole block of words in one pass from five of the model's "
+                    "layers"),
+         "dspark": ("Block drafter with confidence (DSpark)", "a DFlash block, checked only as far as its own "
+                    "confidence says will pay off")}
 #: SmolLM2 has no mask token. ``<empty_output>`` (id 16) is the last of its reserved code-data specials (Jupyter
 #: "cell without output"): the chat template never emits it, chat answers never contain it, and it is not EOS, so
 #: at a block position it can only mean "to be filled". docs/dflash.md says why this one.
@@ -610,6 +615,8 @@ FAMILIES = {kind: register(DrafterFamily(
     name=kind,
     syntax=f"{kind}[:<dir|hub id>]",
     title=TITLES[kind],
+    plain_name=PLAIN[kind][0],
+    plain_line=PLAIN[kind][1],
     description=DESCRIPTIONS[kind],
     build=_builder(kind),
     reads=("draft_quant",),

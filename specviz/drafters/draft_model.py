@@ -187,6 +187,8 @@ FAMILY = register(DrafterFamily(
     name="model",
     syntax="model:<name|dir|hub id>",
     title="draft model",
+    plain_name="Small draft model",
+    plain_line="a smaller language model with the same vocabulary guesses the next words",
     description="an independent small LM with the target's tokenizer drafts a chain or a dynamic tree "
                 "(registry name, model directory or hub id)",
     build=_build,

@@ -53,6 +53,9 @@ from specviz.errors import SpecvizError
 
 KINDS = ("eagle", "eagle3")
 TITLES = {"eagle": "EAGLE-1 head", "eagle3": "EAGLE-3 head"}
+#: Each head by a plain name with one line on what it does (the Playground's drafter list).
+PLAIN = {"eagle": ("EAGLE-1 head", "a one-layer network guesses the next words from the model's last layer"),
+         "eagle3": ("EAGLE-3 head", "a one-layer network guesses the next words from three of the model's layers")}
 
 
 class _Layer(nn.Module):
@@ -432,6 +435,8 @@ FAMILIES = {kind: register(DrafterFamily(
     name=kind,
     syntax=f"{kind}[:<dir|hub id>]",
     title=TITLES[kind],
+    plain_name=PLAIN[kind][0],
+    plain_line=PLAIN[kind][1],
     description=("a one-layer head drafting from the target's last hidden state (EAGLE-1; EAGLE-2's dynamic tree, "
                  "or a chain with --chain)" if kind == "eagle" else
                  "a one-layer head drafting from three target layers, low/mid/high (EAGLE-3; EAGLE-2's dynamic "

@@ -218,6 +218,9 @@ FAMILY = register(DrafterFamily(
     name=NAME,
     syntax=f"{NAME}[:<drafter spec>]",
     title="lookup + model",
+    plain_name="Prompt lookup, else EAGLE-3",
+    plain_line="copies from earlier in the text where that has paid off so far, else asks a small trained "
+               "network",
     description=f"prompt lookup where this run's matches say a prefix pays (as ngram:auto), else the model drafter "
                 f"(any spec but ngram; bare name: {DEFAULT_PARTNER}, the head shipped for the target)",
     build=_build,

@@ -228,6 +228,8 @@ FAMILY = register(DrafterFamily(
     name="lookahead",
     syntax="lookahead[:W:N:G]",
     title="lookahead (Jacobi) decoding",
+    plain_name="Lookahead (Jacobi)",
+    plain_line="guesses several words ahead at once and keeps the word runs that keep coming back",
     description=f"Jacobi iterations over a W-wide window of N-1 levels, verified in the same forward as the drafts, "
                 f"fill an n-gram pool; up to G pool n-grams that start with the last token are the draft (defaults "
                 f"W={WINDOW}, N={NGRAM}, G={GUESSES}); no model, no draft probabilities",

@@ -433,6 +433,8 @@ FAMILY = register(DrafterFamily(
     name="mtp",
     syntax="mtp[:<dir|hub id>]",
     title=TITLE,
+    plain_name="Multi-token prediction (MTP)",
+    plain_line="small modules on the model's last layer predict the words after the next one",
     description=("DeepSeek-V3-style multi-token prediction modules on the target's last hidden state, draft step d "
                  "by module (d-1) mod n (EAGLE-2's dynamic tree, or a chain with --chain); loads DeepSeek-V3/GLM-4.5, "
                  "Qwen3-Next and MiMo MTP layers, or the target checkpoint's own; bare name: the target's own MTP "

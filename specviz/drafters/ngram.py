@@ -245,6 +245,8 @@ FAMILY = register(DrafterFamily(
     name="ngram",
     syntax="ngram[:auto][:N]",
     title="n-gram lookup",
+    plain_name="Prompt lookup (n-gram)",
+    plain_line="copies what followed the same words earlier in the text",
     description=f"prompt lookup: continue with what followed the latest match of the context's last n tokens "
                 f"(n = N down to 1; N = {DEFAULT_MAX_NGRAM} by default); no model, no draft probabilities; "
                 f"ngram:{AUTO} verifies the prefix (up to k) that this run's acceptance so far says pays on this "

@@ -40,6 +40,8 @@ class DrafterFamily:
     run settings (``specviz.settings`` names) the family reads beyond the draft budget every drafter gets.
     ``build(argument, target, settings)`` makes a drafter (``settings``: checked ``specviz.settings.Values``).
     ``check(argument)`` refuses a malformed argument before any model loads (it returns the argument).
+    ``plain_name`` and ``plain_line`` say what ``title`` and ``description`` say, for a newcomer and without spec
+    syntax: the Playground's first screen lists drafters by them (``plain_menu``).
     ``feature_layers``: the target hidden states it reads (a tuple, or a function of the target's decoder-layer
     count), in the module docstring's numbering. ``checkpoints(target)`` lists the shipped checkpoints (spec
     arguments) that fit a target registry name; ``variants`` are ready-made specs offered besides them
@@ -62,6 +64,8 @@ class DrafterFamily:
     variants: tuple[str, ...] = ()
     trainer: str | None = None
     order: int = 100
+    plain_name: str = ""  # e.g. "Prompt lookup (n-gram)"; blank: the title
+    plain_line: str = ""  # one line on what it does, e.g. "copies what followed the same words earlier in the text"
     #: whether the bare name can also mean the target checkpoint's own layers (MTP), so no shipped file is needed
     bare_from_target: bool = False
 
@@ -206,6 +210,28 @@ def menu(target: str) -> list[tuple[str, list[str]]]:
         if specs:
             groups.append((family.title, list(dict.fromkeys(specs))))
     return groups
+
+
+def plain_menu(target: str) -> list[tuple[str, str]]:
+    """(plain name, spec) for every drafter that runs as it is with ``target`` (its ``ready`` specs): the
+    Playground's first-screen list. The variants (``ngram:2``) stay out of it, to be typed as specs; a family with
+    several shipped checkpoints names each in brackets."""
+    entries = []
+    for family in families():
+        ready = list(dict.fromkeys(family.ready(target)))
+        name = family.plain_name or family.title
+        entries += [(name if len(ready) == 1 else f"{name} ({spec.partition(':')[2] or spec})", spec)
+                    for spec in ready]
+    return entries
+
+
+def plain_line(spec: str) -> str:
+    """The one line on what a spec's family does, in plain words (its title where none is written; empty for a
+    spec that names no family)."""
+    family = _FAMILIES.get(str(spec or "").partition(":")[0].strip())
+    if family is None:
+        return ""
+    return family.plain_line or family.title
 
 
 def spec_help() -> str:

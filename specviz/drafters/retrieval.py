@@ -219,6 +219,8 @@ FAMILY = register(DrafterFamily(
     name="retrieval",
     syntax="retrieval[:<corpus file or folder>]",
     title="retrieval (suffix match, cache reuse)",
+    plain_name="Retrieval (suffix match)",
+    plain_line="reuses the most common continuations of the longest repeat in the prompt and in earlier answers",
     description="SuffixDecoding/REST: the most frequent continuations of the context's longest match in the prompt, "
                 "this answer, this session's earlier answers and an optional corpus, as a tree scored by frequency "
                 f"and sized by the match length (up to {SPEC_FACTOR:g} tokens per matched token); no model, no draft "

@@ -1,5 +1,8 @@
 """Playground tab: Run (streamed), Step (one round per click), Stop, and the full plain-decoding comparison.
 
+Its first screen is Run / Step / Stop and the settings panel's few lesson controls; the rest of the settings and
+the full plain run are under the panel's closed "Advanced" accordion (``settings.Settings.build``).
+
 ``Callbacks`` take the visitor's ``Session`` from ``gr.State`` and return ``RunView`` updates. What runs, what it
 replaces and how it ended is the session's ``RunController``'s (``controller``): Run starts a run on its engine
 thread and draws it as it streams, Step advances a stepped run by one round, Stop stops whichever is on.
@@ -60,8 +63,9 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
                 step_btn = gr.Button("Step", elem_id="step")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
             panel = settings.Settings.build()
-            measure_btn = gr.Button("Measure plain decoding of this prompt (full side-by-side run)",
-                                    size="sm", elem_id="measure-plain")
+            with panel.advanced:  # the lossless check: a second run, not a lesson's first step
+                measure_btn = gr.Button("Measure plain decoding of this prompt (full side-by-side run)",
+                                        size="sm", elem_id="measure-plain")
         with gr.Column(scale=7):
             view = RunView.build(intro="Press Run.")
     page = Playground(panel, view, run_btn, step_btn, stop_btn, measure_btn)

@@ -1,8 +1,13 @@
 """The run settings panel (prompt, model, drafter, draft shape, sampling) and its conversion to a ``RunRequest``.
 
 Every widget is derived from the settings' declaration (``specviz.settings``): kind, range, default, label and
-info text; the drafter list comes from the drafter registry, grouped by family. The Playground lays it out; Chain
-vs Tree reuses the same components as inputs, so both tabs always run the same prompt, seed, target and drafter.
+info text; the drafter list comes from the drafter registry. The Playground lays it out; Chain vs Tree reuses the
+same components as inputs, so both tabs always run the same prompt, seed, target and drafter.
+
+The first screen is a lesson's few controls: the prompt, the drafter by its plain name (``registry.plain_menu``:
+only the drafters that run with the chosen target) with one line on what it does, and the settings declared
+``ui_basic`` (chain or tree, the draft length or the node budget, as the shape asks, the temperature), with info in
+plain words. Everything else is under a closed "Advanced" accordion, the drafter specs' syntax included.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ DEFAULT_QUESTION = "243"  # Spec-Bench summarization: input-grounded, where n-gr
 SECTIONS = ("prompt", "model", "run")  # the panel's order; the drafter comes right after the model section
 
 SHOWN: list[Setting] = [s for section in SECTIONS for s in declared.SETTINGS if s.widget and s.group == section]
+#: On the first screen, in declaration order (the shape, its length or budget, the temperature).
+BASIC: list[Setting] = [s for s in declared.SETTINGS if s.widget and s.ui_basic]
+#: The element ids shown above "Advanced": the buttons' (``playground.build``) and the panel's. Tests count them.
+FIRST_SCREEN: tuple[str, ...] = ("run", "step", "stop", "example", "prompt", "drafter", *[s.elem_id for s in BASIC])
 #: The panel's inputs, in the order ``request`` takes their values.
 INPUT_NAMES: list[str] = ["prompt", *[s.name for s in SHOWN if s.group != "run"], "drafter",
                           *[s.name for s in SHOWN if s.group == "run"]]
@@ -29,7 +38,12 @@ INPUT_NAMES: list[str] = ["prompt", *[s.name for s in SHOWN if s.group != "run"]
 
 def info_text(setting: Setting) -> str:
     """The widget's info line: the declared help, who reads it, the range a number takes here (a number box shows
-    none of its own), and why the default is what it is."""
+    none of its own), and why the default is what it is. A first-screen setting's says what it does in plain words,
+    and its range as "from a to b"."""
+    if setting.ui_basic:
+        low, high = setting.ui_range
+        bounds = f" (from {_plain_number(low)} to {_plain_number(high)})" if setting.type in (int, float) else ""
+        return setting.ui_info[:1].upper() + setting.ui_info[1:] + bounds
     text = setting.help
     if setting.type in (int, float):
         text += f" ({setting.describe_bounds(*setting.ui_range)})"
@@ -38,6 +52,10 @@ def info_text(setting: Setting) -> str:
     if setting.why:
         text += f". Default {to_widget(setting, setting.default)}: {setting.why}"
     return text
+
+
+def _plain_number(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def to_widget(setting: Setting, value) -> Any:
@@ -85,9 +103,36 @@ def example_prompt(question_id: str | None):
     return examples.prompt_text(question_id) or gr.skip()
 
 
-def drafter_info() -> str:
-    families = "; ".join(f"{f.syntax}: {f.title}" for f in registry.families())
-    return f"{families}. Default: {registry.default_help()}"
+def drafter_choices(target: str) -> list[tuple[str, str]]:
+    """The first screen's drafter list: (plain name, spec) for each drafter that runs with ``target``."""
+    return registry.plain_menu(target or "")
+
+
+def drafter_line(spec: str | None) -> str:
+    """The drafter box's info: one line on what the chosen drafter does, in plain words."""
+    line = registry.plain_line(spec or "")
+    if not line:
+        return "A drafter spec typed by hand: Advanced lists what you can type."
+    return line[:1].upper() + line[1:] + "."
+
+
+def drafter_for_target(target: str | None) -> gr.Dropdown:
+    """The drafter box after the target changed: the drafters that run with it, on its default drafter."""
+    spec = registry.default_for(target or "")
+    return gr.Dropdown(choices=drafter_choices(target or ""), value=spec, info=drafter_line(spec))
+
+
+def drafter_specs() -> str:
+    """Advanced's reference of the drafter specs that can be typed into the drafter box (variants, checkpoints)."""
+    rows = "\n".join(f"- `{f.syntax}`: {f.title}" for f in registry.families())
+    return ("**Drafter specs.** Type one into the drafter box to run a variant or another checkpoint (e.g. "
+            f"`ngram:auto`, `dspark:raw`):\n{rows}\n\nDefault: {registry.default_help()}.")
+
+
+def shape_shown(shape: str) -> tuple[dict, dict]:
+    """A chain shows its draft length, a tree its node budget (the widgets' visibility for the shape radio)."""
+    tree = from_widget(declared.get("tree"), shape) if shape in ("chain", "tree") else True
+    return gr.update(visible=not tree), gr.update(visible=tree)
 
 
 @dataclass
@@ -96,6 +141,7 @@ class Settings:
     prompt: gr.Textbox
     drafter: gr.Dropdown
     widgets: dict[str, gr.components.Component] = field(default_factory=dict)
+    advanced: gr.Accordion | None = None  # the closed accordion with everything a first lesson does not need
 
     def __getattr__(self, name: str):  # panel.k, panel.target, ...: the widget of a declared setting
         widgets = self.__dict__.get("widgets") or {}
@@ -105,26 +151,36 @@ class Settings:
 
     @classmethod
     def build(cls) -> Settings:
+        """The first screen (example, prompt, drafter, the ``ui_basic`` settings), then "Advanced", closed."""
         choices = examples.prompt_choices()
         default_q = DEFAULT_QUESTION if any(v == DEFAULT_QUESTION for _, v in choices) else None
-        example = gr.Dropdown(choices=choices, value=default_q, label="Spec-Bench example prompt",
-                              info="Spec-Bench (Apache-2.0, hemingkx/Spec-Bench)", elem_id="example")
+        example = gr.Dropdown(choices=choices, value=default_q, label="example prompt",
+                              info="Prompts from Spec-Bench (Apache-2.0, hemingkx/Spec-Bench); picking one replaces "
+                                   "the prompt", elem_id="example")
         prompt = gr.Textbox(value=examples.prompt_text(default_q) or "Write a haiku about the sea.", lines=5,
                             max_lines=12, label="prompt", elem_id="prompt")
         widgets: dict[str, gr.components.Component] = {}
-        drafter = None
-        for section in SECTIONS:
-            if section == "run":
-                drafter = _drafter_dropdown(widgets.get("target"))
-            _lay_out([s for s in SHOWN if s.group == section], widgets)
-        settings = cls(example, prompt, drafter, widgets)
+        # the target is under Advanced but decides the drafter list: its default sets the first one
+        target_setting = declared.get("target")
+        drafter = _drafter_dropdown(_target_value(target_setting) if target_setting in SHOWN else "")
+        _lay_out(BASIC, widgets)
+        with gr.Accordion("Advanced", open=False, elem_id="advanced") as advanced:
+            for section in SECTIONS:
+                _lay_out([s for s in SHOWN if s.group == section and not s.ui_basic], widgets)
+                if section == "model":
+                    gr.Markdown(drafter_specs(), elem_id="drafter-specs")
+        settings = cls(example, prompt, drafter, widgets, advanced)
         # select, not input: input also fired when the picker was typed in and left (reverting to its choice),
         # which replaced the prompt the user had typed with the example's text
         example.select(example_prompt, example, prompt, queue=False)
+        drafter.change(lambda spec: gr.Dropdown(info=drafter_line(spec)), drafter, drafter, queue=False,
+                       show_progress="hidden", api_visibility="private")
         if "target" in widgets:
-            widgets["target"].change(
-                lambda t: gr.Dropdown(choices=runner.drafter_menu(t or ""), value=registry.default_for(t or "")),
-                widgets["target"], drafter, queue=False)
+            widgets["target"].change(drafter_for_target, widgets["target"], drafter, queue=False,
+                                     show_progress="hidden", api_visibility="private")
+        if {"tree", "k", "max_nodes"} <= widgets.keys():
+            widgets["tree"].change(shape_shown, widgets["tree"], [widgets["k"], widgets["max_nodes"]], queue=False,
+                                   show_progress="hidden", api_visibility="private")
         return settings
 
     @property
@@ -151,18 +207,24 @@ def _lay_out(shown: list[Setting], widgets: dict) -> None:
         index += len(group)
 
 
+def _target_value(setting: Setting) -> str:
+    targets = runner.target_choices()
+    return setting.default if setting.default in targets or not targets else targets[0]
+
+
 def _widget(setting: Setting) -> gr.components.Component:
     if setting.name == "target":
-        targets = runner.target_choices()
-        value = setting.default if setting.default in targets or not targets else targets[0]
-        return widget(setting, choices=targets, value=value)
+        return widget(setting, choices=runner.target_choices(), value=_target_value(setting))
+    if setting.name in ("k", "max_nodes"):  # the shape radio shows the one its shape reads
+        return widget(setting, visible=(setting.name == "max_nodes") == bool(declared.default("tree")))
     return widget(setting)
 
 
-def _drafter_dropdown(target: gr.Dropdown | None) -> gr.Dropdown:
-    name = target.value if target is not None else ""
-    return gr.Dropdown(choices=runner.drafter_menu(name), value=registry.default_for(name), allow_custom_value=True,
-                       label="drafter", info=drafter_info(), elem_id="drafter")
+def _drafter_dropdown(target: str) -> gr.Dropdown:
+    """The drafter by plain name; a spec typed into it (``ngram:auto``, ``model:<dir>``) runs as typed."""
+    spec = registry.default_for(target)
+    return gr.Dropdown(choices=drafter_choices(target), value=spec, allow_custom_value=True, label="drafter",
+                       info=drafter_line(spec), elem_id="drafter")
 
 
 def request(*values) -> runner.RunRequest:

@@ -124,14 +124,24 @@ class Page:
         self.page.get_by_role("tab", name=name).click()
         time.sleep(0.5)
 
+    def advanced(self) -> None:
+        """Open the Playground's "Advanced" accordion (closed on the first screen) if it is closed."""
+        if not self.page.locator("#target").is_visible():
+            self.page.locator("#advanced").get_by_text("Advanced", exact=True).first.click()
+            self.page.locator("#target").wait_for(state="visible", timeout=10_000)
+
     def fill(self, elem_id: str, value: str) -> None:
         """Set a textbox, number or custom dropdown value and commit it (Enter for dropdowns, blur otherwise)."""
         selector = {"prompt": "#prompt textarea", "target": "#target input", "drafter": "#drafter input"}.get(
             elem_id, f"#{elem_id} input[type=number]")
+        if elem_id not in {"prompt", "drafter", "k", "max-nodes", "temperature"}:  # under Advanced
+            self.advanced()
         self.page.fill(selector, value)
         self.page.press(selector, "Enter" if elem_id in {"target", "drafter"} else "Tab")
 
     def choose(self, elem_id: str, label: str) -> None:
+        if elem_id != "shape":  # under Advanced
+            self.advanced()
         self.page.locator(f"#{elem_id}").get_by_text(label, exact=True).click()
 
     def status(self, elem_id: str = "status") -> str:
@@ -262,6 +272,7 @@ def test_dspark_run_draws_its_block_and_calibration(page):
 
 
 def test_full_plain_run_side_by_side(page):
+    page.advanced()
     page.page.click("#measure-plain")
     page.page.wait_for_function(  # the divisor when the run had no plain rounds beside it, else a note
         "(t => t.includes('full run') || t.includes('full plain run'))(document.querySelector('#speedup').innerText)",
