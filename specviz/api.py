@@ -191,6 +191,10 @@ def summary_for(run: Generation, baseline: Generation | None = None) -> dict:
         "token_ids": run.token_ids, "text": run.text, "stop_reason": run.stop_reason,
         "elapsed_s": run.elapsed_s, "prefill_ms": run.prefill_ms, "metrics": measured.to_dict(),
     }
+    served = [r.meta["served"] for r in run.rounds if "served" in (r.meta or {})]
+    if served:  # a served target: the server's time, the rest (transfer), the prompt tokens it computed again
+        summary["served"] = {key: round(sum(split.get(key, 0) for split in served), 2)
+                             for key in ("wall_ms", "server_ms", "transfer_ms", "prompt_tokens", "recomputed_tokens")}
     if baseline is not None:
         summary["baseline"] = {"token_ids": baseline.token_ids, "tokens_per_s": baseline.tokens_per_s,
                                "elapsed_s": baseline.elapsed_s}

@@ -68,6 +68,8 @@ def run_generate(args: argparse.Namespace) -> int:
             "rule": run.rounds[0].rule if run.rounds else None, "lossless": all(r.lossless for r in run.rounds),
             "stop_reason": run.stop_reason,
         }
+        if "served" in summary:
+            out["served"] = summary["served"]
         if baseline is not None:
             out.update(baseline_token_ids=baseline.token_ids, baseline_tokens_per_s=baseline.tokens_per_s,
                        speedup=summary["speedup"], identical=baseline.token_ids == run.token_ids)

@@ -158,7 +158,41 @@ def test_generate_against_a_served_target(server, target, capsys):
     expected = vllm_greedy(server, prompt_ids, NEW)
     assert result["token_ids"][:len(expected)] == expected[:len(result["token_ids"])]
     assert result["speedup"] > 0 and result["baseline_token_ids"] == result["token_ids"]
+    split = result["served"]  # the server's time, the rest of the wall time, and what it computed again
+    assert 0 < split["server_ms"] <= split["wall_ms"] and split["recomputed_tokens"] <= split["prompt_tokens"]
     for extra, says in ((["--drafter", "eagle3"], "hidden states"), (["--temperature", "0.7"], "temperature 0")):
         assert main(["generate", "--target", spec, "--prompt", prompt, "--max-new-tokens", "4", *extra]) == 2
         said = capsys.readouterr().err.strip()
         assert says in said and len(said.splitlines()) == 1
+
+
+def test_server_split_reads_the_counters_deltas():
+    from specviz.engine.served import server_split
+
+    before = {"requests": 10.0, "request_s": 4.0, "prompt_tokens": 500.0, "recomputed_tokens": 300.0}
+    after = {"requests": 12.0, "request_s": 4.5, "prompt_tokens": 600.0, "recomputed_tokens": 310.0}
+    assert server_split(before, after, 0.3) == {"wall_ms": 300.0, "server_ms": 250.0, "transfer_ms": 50.0,
+                                                "prompt_tokens": 100, "recomputed_tokens": 10}
+    assert server_split(before, before, 0.3) == {}  # no request counted: nothing to split
+
+
+@pytest.mark.parametrize("route", ServedVerifier.ROUTES)
+def test_each_round_records_what_the_server_did(server, target, route):
+    """The server's own counters split each round: its time within the wall time, and the prompt tokens it computed
+    again: every one by prompt logprobs (vLLM reads no prefix cache then), far fewer by one prompt per row (past the
+    server's cache block: the prompt is a few hundred tokens)."""
+    text = "Summarize this: " + " ".join(f"Day {i}: the river rose and the town moved its boats." for i in range(30))
+    prompt_ids = target.encode_prompt(text, chat=True)
+    assert len(prompt_ids) > 300
+    verifier = ServedVerifier(server, target.vocab_size, route=route)
+    run = api.start(target, prompt_ids, api.make_drafter("ngram", target), DraftBudget(k=4),
+                    GenerationConfig(max_new_tokens=16, stop_at_eos=False), verifier=verifier).run()
+    splits = [r.meta["served"] for r in run.rounds]
+    assert all(s["route"] == route and 0 < s["server_ms"] <= s["wall_ms"] for s in splits)
+    drafted = [r.meta["served"] for r in run.rounds[1:] if r.tokens]  # a round with no draft asks for no logprobs
+    assert drafted, "the lookup drafted nothing: no round to check"
+    computed = sum(s["recomputed_tokens"] for s in drafted) / sum(s["prompt_tokens"] for s in drafted)
+    if route == "prompt-logprobs":
+        assert computed == 1.0
+    else:
+        assert computed < 0.5

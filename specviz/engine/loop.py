@@ -165,6 +165,7 @@ class Generation:
         pending = len(context) - 1  # the position of the last committed token, verified as row 0
         before = context[-PIECE_CONTEXT:]
         scored = self.verifier.verify(tree.with_side(), context[-1], pending)
+        tree.meta.update(scored.meta)
         logits = scored.logits[: len(tree) + 1]
         t2 = clock()
         p_target = None if config.sampling.greedy else probabilities(logits, config.sampling)

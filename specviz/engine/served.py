@@ -93,6 +93,23 @@ class ServedClient:
         raise SpecvizError(f"the server at {self.base_url} does not serve {self.model!r}; it serves "
                            f"{', '.join(self.models())}")
 
+    def counters(self) -> dict[str, float]:
+        """The server's own accounting (its Prometheus ``/metrics``), each of ``COUNTERS`` summed over its labels;
+        the ones it does not export are absent."""
+        request = urllib.request.Request(self.base_url + "/metrics")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
+            return {}
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, rest = line.partition("{")
+            for key, (metric, label) in COUNTERS.items():
+                if name == metric and label in rest:
+                    found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return found
+
     def tokenize(self, text: str) -> list[int]:
         return self._request("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"]
 
@@ -104,6 +121,31 @@ class ServedClient:
         if prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs
         return self._request("/v1/completions", body)
+
+
+#: what a round's record says the server did: key -> (vLLM metric, a label its sample must carry)
+COUNTERS = {
+    "requests": ("vllm:e2e_request_latency_seconds_count", ""),
+    "request_s": ("vllm:e2e_request_latency_seconds_sum", ""),
+    "prompt_tokens": ("vllm:prompt_tokens_total", ""),
+    "recomputed_tokens": ("vllm:prompt_tokens_by_source_total", 'source="local_compute"'),
+}
+
+
+def server_split(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """One request's cost as the server accounts it: its requests' mean latency on the server, the rest of the wall
+    time (transfer, HTTP, the server's front end), and the prompt tokens it computed rather than read from its prefix
+    cache. Empty where the server exports no such counters."""
+    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    if not delta.get("requests"):
+        return {}
+    server_ms = 1000.0 * delta["request_s"] / delta["requests"]
+    split = {"wall_ms": round(1000.0 * wall_s, 2), "server_ms": round(server_ms, 2),
+             "transfer_ms": round(max(0.0, 1000.0 * wall_s - server_ms), 2)}
+    for key in ("prompt_tokens", "recomputed_tokens"):
+        if key in delta:
+            split[key] = int(delta[key])
+    return split
 
 
 def _token_id(key: str) -> int:
@@ -141,12 +183,18 @@ class ServedVerifier(Verifier):
     #: context that saves more than the extra prompts cost; BENCHMARKS.md, "A target served by vLLM")
     AUTO_PER_NODE_FROM = 192
 
-    def __init__(self, client: ServedClient, vocab_size: int, *, top_k: int = 1, route: str = "auto"):
+    def __init__(self, client: ServedClient, vocab_size: int, *, top_k: int = 1, route: str = "auto",
+                 account: bool = True):
         if route != "auto" and route not in self.ROUTES:
             raise SpecvizError(f"unknown served verify route {route!r}; one of {', '.join(self.ROUTES)}")
         self.route = route
         self.client, self.vocab_size, self.top_k = client, vocab_size, max(1, top_k)
         self.name = f"vllm:{client.model}"
+        #: read the server's counters after each round (one /metrics request) to split its time in the record
+        self.account = account
+        self._counters: dict[str, float] = {}
+        self._split: dict = {}
+        self.last_route = route
         self.tokens: list[int] = []
         self.stats = ServedStats()
         self._tree: tuple[int, DraftTree] | None = None
@@ -164,6 +212,8 @@ class ServedVerifier(Verifier):
         """Nothing to cache here: every verify sends the whole context (the server's prefix cache, where it reads
         one, is its own business)."""
         self.tokens = list(token_ids)
+        if self.account:
+            self._counters = self.client.counters()
         return Scored(None)
 
     def verify(self, tree: DraftTree, pending_token: int, past_length: int) -> Scored:
@@ -173,13 +223,12 @@ class ServedVerifier(Verifier):
         self._tree = (pending_token, tree)
         context = [*self.tokens, pending_token]
         if self.route == "per-node" or (self.route == "auto" and len(context) >= self.AUTO_PER_NODE_FROM):
+            self.last_route = "per-node"
             return self._verify_per_node(tree, context)
+        self.last_route = "prompt-logprobs"
         paths = leaf_paths(tree)
         prompts = [context + [tree.tokens[i] for i in path] for path in paths]
-        start = time.perf_counter()
-        answer = self.client.complete(prompts, prompt_logprobs=self.top_k if tree.tokens else None,
-                                      logprobs=self.top_k)
-        self.stats.calls.append(Call(len(prompts), sum(map(len, prompts)), time.perf_counter() - start))
+        answer = self._send(prompts, prompt_logprobs=self.top_k if tree.tokens else None)
         choices = sorted(answer["choices"], key=lambda choice: choice["index"])
         if len(choices) != len(prompts):
             raise SpecvizError(f"the server answered {len(choices)} completions for {len(prompts)} prompts")
@@ -196,7 +245,7 @@ class ServedVerifier(Verifier):
             if not done[rows[-1]]:
                 self._fill(logits[rows[-1]], self._generated(choice))
                 done[rows[-1]] = True
-        return Scored(logits)
+        return Scored(logits, meta=self._meta())
 
     def _verify_per_node(self, tree: DraftTree, context: list[int]) -> Scored:
         """One prompt per row (the context, then the context plus the path to each node), no prompt logprobs:
@@ -209,16 +258,29 @@ class ServedVerifier(Verifier):
                 path.append(tree.tokens[at])
                 at = tree.parents[at]
             prompts.append(context + path[::-1])
-        start = time.perf_counter()
-        answer = self.client.complete(prompts, logprobs=self.top_k)
-        self.stats.calls.append(Call(len(prompts), sum(map(len, prompts)), time.perf_counter() - start))
+        answer = self._send(prompts)
         choices = sorted(answer["choices"], key=lambda choice: choice["index"])
         if len(choices) != len(prompts):
             raise SpecvizError(f"the server answered {len(choices)} completions for {len(prompts)} prompts")
         logits = torch.full((len(prompts), self.vocab_size), float("-inf"))
         for row, choice in enumerate(choices):
             self._fill(logits[row], self._generated(choice))
-        return Scored(logits)
+        return Scored(logits, meta=self._meta())
+
+    def _send(self, prompts: list[list[int]], prompt_logprobs: int | None = None) -> dict:
+        """One batched completion request, timed; then the server's counters, read once a round, split its time."""
+        start = time.perf_counter()
+        answer = self.client.complete(prompts, prompt_logprobs=prompt_logprobs, logprobs=self.top_k)
+        wall_s = time.perf_counter() - start
+        self.stats.calls.append(Call(len(prompts), sum(map(len, prompts)), wall_s))
+        if self.account:
+            counters = self.client.counters()
+            self._split = server_split(self._counters, counters, wall_s)
+            self._counters = counters
+        return answer
+
+    def _meta(self) -> dict:
+        return {"served": {"route": self.last_route, **self._split}}
 
     def _generated(self, choice: dict) -> dict:
         """The first generated token's top-k logprobs, as the ``{token id: {"logprob": x}}`` of a prompt entry."""

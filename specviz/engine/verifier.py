@@ -29,6 +29,9 @@ class Scored:
 
     logits: torch.Tensor | None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: what the verifier says about this forward, kept in the round's record (a served target: server time,
+    #: transfer, the context tokens the server recomputed)
+    meta: dict = field(default_factory=dict)
 
     def features(self, layers: tuple[int, ...], start: int, picked: list[int]) -> TargetFeatures:
         """Rows ``picked`` of this forward as the features of positions ``start, start + 1, ...``."""
