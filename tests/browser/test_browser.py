@@ -102,6 +102,9 @@ def browser():
         chromium.close()
 
 
+#: the Playground's radios that sit under its "Advanced" accordion
+ADVANCED_RADIOS = {"mode"}
+
 class Page:
     """A browser tab on the app, recording dialogs (none may fire) and page errors."""
 
@@ -140,7 +143,7 @@ class Page:
         self.page.press(selector, "Enter" if elem_id in {"target", "drafter"} else "Tab")
 
     def choose(self, elem_id: str, label: str) -> None:
-        if elem_id != "shape":  # under Advanced
+        if elem_id in ADVANCED_RADIOS:  # the Playground's, under Advanced (other tabs' radios are always shown)
             self.advanced()
         self.page.locator(f"#{elem_id}").get_by_text(label, exact=True).click()
 
