@@ -160,6 +160,8 @@ def test_generate_against_a_served_target(server, target, capsys):
     assert result["speedup"] > 0 and result["baseline_token_ids"] == result["token_ids"]
     split = result["served"]  # the server's time, the rest of the wall time, and what it computed again
     assert 0 < split["server_ms"] <= split["wall_ms"] and split["recomputed_tokens"] <= split["prompt_tokens"]
+    plain = api.plain_decode(served, prompt_ids, GenerationConfig(max_new_tokens=4))  # a lean, timed baseline:
+    assert plain.rounds and all("server_ms" not in r.meta["served"] for r in plain.rounds)  # no /metrics per token
     for extra, says in ((["--drafter", "eagle3"], "hidden states"), (["--temperature", "0.7"], "temperature 0")):
         assert main(["generate", "--target", spec, "--prompt", prompt, "--max-new-tokens", "4", *extra]) == 2
         said = capsys.readouterr().err.strip()

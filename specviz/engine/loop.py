@@ -89,7 +89,7 @@ class Generation:
         # draft nodes (and side rows) one verify forward adds past the committed text
         widest = self.budget.widest + drafter.side_room if drafter else 0
         self._layers = tuple(drafter.feature_layers) if drafter is not None else ()
-        self.verifier = verifier or _own_verifier(target)
+        self.verifier = verifier or _own_verifier(target, config)
         self.verifier.reserve(prompt + config.max_new_tokens + widest, self._layers, config.sampling)
         self.new_tokens: list[int] = []
         self.rounds: list[Round] = []
@@ -211,11 +211,12 @@ def generate(
     return Generation(target, prompt_ids, config, drafter, budget, verifier).run()
 
 
-def _own_verifier(target: Target) -> Verifier:
-    """The verifier a target brings: a served target's server (``served.ServedTarget.new_verifier``), else its model
-    in this process."""
+def _own_verifier(target: Target, config: GenerationConfig) -> Verifier:
+    """The verifier a target brings: a served target's server (``served.ServedTarget.new_verifier``; it accounts the
+    server's time per round only in a run recorded in detail, so a lean, timed baseline pays no extra request per
+    token), else its model in this process."""
     served = getattr(target, "new_verifier", None)
-    return served() if served is not None else LocalVerifier(target)
+    return served(account=config.detail) if served is not None else LocalVerifier(target)
 
 
 def plain_decode(target: Target, prompt_ids: list[int], config: GenerationConfig) -> Generation:

@@ -64,13 +64,14 @@ class ServedClient:
         self.timeout = timeout
         self.model = model or self.models()[0]
 
-    def _request(self, path: str, body: dict | None = None) -> dict:
+    def _fetch(self, path: str, body: dict | None = None) -> bytes:
+        """``path``'s raw answer (a POST of ``body`` as JSON when given); every failure one line."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base_url + path, data=data,
                                          headers={"Content-Type": "application/json"} if data else {})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+                return response.read()
         except urllib.error.HTTPError as error:
             detail = error.read().decode(errors="replace")[:300].replace("\n", " ")
             raise SpecvizError(f"the server at {self.base_url} answered {path} with HTTP {error.code}: {detail}") \
@@ -78,6 +79,9 @@ class ServedClient:
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise SpecvizError(f"cannot reach the server at {self.base_url} ({path}): {reason}") from None
+
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        return json.loads(self._fetch(path, body))
 
     def models(self) -> list[str]:
         found = [entry["id"] for entry in self._request("/v1/models").get("data", [])]
@@ -96,11 +100,9 @@ class ServedClient:
     def counters(self) -> dict[str, float]:
         """The server's own accounting (its Prometheus ``/metrics``), each of ``COUNTERS`` summed over its labels;
         the ones it does not export are absent."""
-        request = urllib.request.Request(self.base_url + "/metrics")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                text = response.read().decode()
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
+            text = self._fetch("/metrics").decode()
+        except SpecvizError:  # a server without metrics: the rounds keep their wall time only
             return {}
         found: dict[str, float] = {}
         for line in text.splitlines():
@@ -190,7 +192,8 @@ class ServedVerifier(Verifier):
         self.route = route
         self.client, self.vocab_size, self.top_k = client, vocab_size, max(1, top_k)
         self.name = f"vllm:{client.model}"
-        #: read the server's counters after each round (one /metrics request) to split its time in the record
+        #: read the server's counters after each round (one /metrics request, inside the round's time) to split its
+        #: time in the record; timed runs without detail (the plain baseline, the bench) leave it off
         self.account = account
         self._counters: dict[str, float] = {}
         self._split: dict = {}
@@ -335,8 +338,8 @@ class ServedTarget(Target):
     def vocab_size(self) -> int:
         return int(self.model_config.vocab_size)
 
-    def new_verifier(self) -> ServedVerifier:
-        return ServedVerifier(self.client, self.vocab_size)
+    def new_verifier(self, *, account: bool = True) -> ServedVerifier:
+        return ServedVerifier(self.client, self.vocab_size, account=account)
 
 
 def open_target(spec: str, *, timeout: float = 120.0) -> ServedTarget:
