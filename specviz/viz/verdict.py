@@ -37,7 +37,7 @@ class SpeedCall:
 
 def speed_spread(record: RunRecord) -> float | None:
     """The relative noise of a run's speedup: half the width of its range at the quartiles of the plain tokens timed
-    beside it, over the speedup itself (median ÷ low − median ÷ high, halved); None without those timings."""
+    beside it, over the speedup itself (estimate ÷ low − estimate ÷ high, halved); None without those timings."""
     beside = record.beside_estimate
     if beside is None:
         return None
