@@ -52,6 +52,26 @@ def shipped(kind: str) -> Callable[[str], list[str]]:
     return checkpoints
 
 
+def source_of(argument: str, target: str, kind: str, missing: str) -> str | Path:
+    """The checkpoint a ``kind[:<dir|hub id>]`` spec names: its argument, or for the bare name the one shipped for
+    the target registry name ``target``; ``missing`` is the one-line error when none is."""
+    if argument:
+        return argument
+    if not (shipped_dir(target, kind) / "config.json").is_file():
+        raise SpecvizError(missing)
+    return shipped_dir(target, kind)
+
+
+def checkpoint_family(kind: str, what: str, **fields):
+    """Register a family whose drafters load a checkpoint (``registry.DrafterFamily``, ``fields`` the rest): the spec
+    ``kind[:<dir|hub id>]``, the bare name the one shipped for the target, ``specviz train <kind>`` its trainer,
+    arguments checked as loadable ``what`` (a ``check`` in ``fields`` replaces that)."""
+    from specviz.drafters.registry import DrafterFamily, register
+
+    return register(DrafterFamily(name=kind, syntax=f"{kind}[:<dir|hub id>]", checkpoints=shipped(kind), trainer=kind,
+                                  **{"check": argument_check(what), **fields}))
+
+
 def read_config(folder: Path, what: str = "drafter") -> dict:
     """``config.json`` of a checkpoint folder, as a dict (one-line errors for a missing or malformed file)."""
     path = folder / "config.json"

@@ -43,26 +43,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, ddtree, dynamic_tree
 from specviz.drafters import dflash_layouts as layouts
-from specviz.drafters.borrowed import Borrowed, rope_frequencies
 from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash_layouts import BlockSpec
-from specviz.drafters.feature_drafter import FeatureDrafter
-from specviz.drafters.head_parts import (
-    Attention,
-    GatedMLP,
-    fresh,
-    inference_copy,
-    rotate_half,
-    target_parts,
-)
+from specviz.drafters.feature_drafter import FeatureDrafter, rows_by_depth
+from specviz.drafters.head_layer import DecoderLayer, DraftNetwork
+from specviz.drafters.head_parts import fresh, inference_copy, target_parts
 from specviz.drafters.layouts import build
-from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine import cost_curve
 from specviz.engine.accept import argmax_rows
@@ -89,16 +80,6 @@ SMOLLM2_MASK_TOKEN_ID = 16
 
 
 # ---- the backbone -------------------------------------------------------------------------------------------------
-class _Layer(nn.Module):
-    def __init__(self, spec: BlockSpec):
-        super().__init__()
-        self.self_attn = Attention(spec.hidden_size, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                                   qk_norm=True, eps=spec.rms_norm_eps)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
-        self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-
-
 class MarkovHead(nn.Module):
     """DSpark's vanilla Markov head: a rank-r first-order transition bias W2 W1[x_{k-1}] on the block's logits."""
 
@@ -120,41 +101,31 @@ class ConfidenceHead(nn.Module):
         self.proj = nn.Linear(spec.confidence_in, 1)
 
 
-class DFlashBackbone(nn.Module):
+class DFlashBackbone(DraftNetwork):
     """The DFlash backbone over a target's features; a DSpark drafter is this backbone with its ``markov_head``
     and ``confidence_head`` attached (so the state dict keeps the published flat names).
 
     ``embedding``: the target's input embedding weight ``[V, H]``; ``output``: the target's output layer (a module
-    whose ``weight`` is ``[V, H]``). Neither is a parameter or buffer: never trained, moved, saved or counted.
+    whose ``weight`` is ``[V, H]``), both borrowed.
     """
 
     def __init__(self, spec: BlockSpec, embedding: torch.Tensor, output: nn.Module):
-        super().__init__()
-        self.spec = spec
+        super().__init__(spec, embedding, output, whole_embedding=True)
         self.fc = nn.Linear(len(spec.feature_layers) * spec.hidden_size, spec.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.layers = nn.ModuleList(_Layer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, layer_idx=i, **spec.layer_options)
+                                    for i in range(spec.num_layers))
         self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.markov_head = MarkovHead(spec) if spec.markov_rank else None
         self.confidence_head = ConfidenceHead(spec) if spec.confidence_head else None
-        if embedding.shape != (spec.vocab_size, spec.hidden_size):
-            raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the drafter needs "
-                               f"[{spec.vocab_size}, {spec.hidden_size}]")
-        self._rope = rope_frequencies(spec)
-        self.borrowed = Borrowed(embedding, output)
-        self._output_op = None  # inference copies with draft_quant: the output rows in int8
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.spec.feature_layers
 
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """The target's embedding of ``token_ids``, in the drafter's dtype (frozen: borrowed)."""
-        return self.borrowed.embed(token_ids, self.fc.weight.dtype)
-
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """``hidden_norm(fc(features))``: the injected context of ``[B, C, layers x H]`` target features."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fc(features.to(self.dtype)))
 
     def forward(self, context: torch.Tensor | None, block_ids: torch.Tensor, context_positions: torch.Tensor,
                 block_positions: torch.Tensor, *, cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -172,45 +143,18 @@ class DFlashBackbone(nn.Module):
         positions = block_positions.reshape(-1, length).expand(batch, -1)
         if ctx.shape[1]:
             positions = torch.cat([context_positions.reshape(-1, ctx.shape[1]).expand(batch, -1), positions], dim=1)
-        positions = positions.to(h.device)
-        cos, sin = self._rotation(positions, h.dtype)
-        for index, layer in enumerate(self.layers):
-            h = h + self._attend(layer, layer.input_layernorm(h), ctx, cos, sin, cache, index, mask)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        rotation = self.rotation(positions, h)  # of [context ; block]: KV injection, the block's queries last
+        for layer in self.layers:
+            h = layer(h, rotation, context=ctx, cache=cache, mask=mask, causal=False)
         return self.norm(h)
-
-    def _rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq, scaling = self._rope
-        freqs = positions[..., None].float() * inv_freq.to(positions.device)
-        angles = torch.cat((freqs, freqs), dim=-1)  # as transformers' Llama/Qwen3 RoPE computes them
-        return (angles.cos() * scaling).to(dtype)[:, None], (angles.sin() * scaling).to(dtype)[:, None]
-
-    def _attend(self, layer: _Layer, x: torch.Tensor, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache, index: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """KV injection: keys and values of [context ; block] from this layer's projections; queries of the block."""
-        spec, attn = self.spec, layer.self_attn
-        batch, length, _ = x.shape
-        both = torch.cat([ctx, x], dim=1)
-        q = attn.q_norm(attn.q_proj(x).view(batch, length, spec.num_heads, spec.head_dim)).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(both).view(batch, -1, spec.num_kv_heads, spec.head_dim)).transpose(1, 2)
-        v = attn.v_proj(both).view(batch, -1, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        q = q * cos[..., -length:, :] + rotate_half(q) * sin[..., -length:, :]
-        k = k * cos + rotate_half(k) * sin
-        if cache is not None:
-            k, v = cache.update(k, v, index)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=spec.num_kv_heads != spec.num_heads)
-        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Base logits ``[..., V]`` of normed outputs, through the target's output layer."""
-        if self._output_op is not None:
-            return self._output_op(hidden).to(hidden.dtype)
-        layer = self.borrowed.output
-        return layer(hidden.to(layer.weight.dtype)).to(hidden.dtype)
+        return self.project_out(hidden).to(hidden.dtype)
 
     def markov_bias(self, previous: torch.Tensor) -> torch.Tensor | None:
         """W2 W1[previous] (None without a Markov head)."""
-        return None if self.markov_head is None else self.markov_head(previous.to(self.fc.weight.device))
+        return None if self.markov_head is None else self.markov_head(previous.to(self.device))
 
     def confidence(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor | None:
         """c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) (``[...]``, None without a confidence head)."""
@@ -306,7 +250,7 @@ def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, lay
     calibration curve the drafter carries (``GREEDY_CALIBRATION_KEY``) is written into config.json in every layout
     (their loaders ignore the key)."""
     curve = getattr(drafter, "greedy_calibration", None)
-    return layouts.FORMAT.save(drafter, folder, layout, target_name=target_name, dtype=dtype or drafter.fc.weight.dtype,
+    return layouts.FORMAT.save(drafter, folder, layout, target_name=target_name, dtype=dtype or drafter.dtype,
                                config={} if curve is None else {GREEDY_CALIBRATION_KEY: curve.to_dict()})
 
 
@@ -351,7 +295,7 @@ class BlockDrafter(FeatureDrafter):
                                 exact=True)
         self.spec = model.spec
         self.name = name or self.kind
-        super().__init__(model.feature_layers, model.fc.weight.device, model.fc.weight.dtype)
+        super().__init__(model.feature_layers, model.device, model.dtype)
         self._cache: DynamicCache | None = None
         self._injected = 0  # context positions 0 .. injected - 1 are in the draft cache
 
@@ -370,8 +314,7 @@ class BlockDrafter(FeatureDrafter):
         return self.spec.block_size + 1
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self._cache = DynamicCache()  # preallocated layers: cropping the block away is a length change
-        self._cache.layers = [kv.PreallocatedLayer(self.capacity) for _ in range(self.spec.num_layers)]
+        self._cache = self.new_cache(self.spec.num_layers)
         self._injected = 0
 
     @torch.inference_mode()
@@ -421,23 +364,17 @@ class DFlashDrafter(BlockDrafter):
             return self._ddtree(q, budget, meta)
         tokens = best[: min(budget.k, self.spec.drafts)]
         q_token = [float(q[i, t]) for i, t in enumerate(tokens)]
-        rows = torch.zeros(len(tokens) + 1, self.vocab_size)
-        rows[: min(len(tokens) + 1, len(q))] = q[: len(tokens) + 1]
-        return DraftTree.chain(tokens, q_token=q_token, q_dist=rows, sampled=False,
-                               confidence=cost_curve.survival(q_token), meta=meta)
+        return DraftTree.chain(tokens, q_token=q_token, q_dist=rows_by_depth(q, range(1, len(tokens) + 1)),
+                               sampled=False, confidence=cost_curve.survival(q_token), meta=meta)
 
     def _ddtree(self, q: torch.Tensor, budget: DraftBudget, meta: dict) -> DraftTree:
         depth = min(budget.depth, self.spec.drafts)
         top_logq, top_ids = ddtree.top_candidates(q[:depth].log(), budget.width)
         built = ddtree.build(top_logq, top_ids, budget.max_nodes)
-        rows = torch.zeros(len(built.tokens) + 1, self.vocab_size)
-        rows[0] = q[0]
-        for node, node_depth in enumerate(built.depths):
-            if node_depth < len(q):  # the marginal of the position after this node's
-                rows[node + 1] = q[node_depth]
         meta["ddtree"] = {"width": budget.width, "depth": depth, "ranks": built.ranks}
         return DraftTree(tokens=built.tokens, parents=built.parents,
-                         q_token=[float(q[d - 1, t]) for d, t in zip(built.depths, built.tokens)], q_dist=rows,
+                         q_token=[float(q[d - 1, t]) for d, t in zip(built.depths, built.tokens)],
+                         q_dist=rows_by_depth(q, built.depths),
                          sampled=False, confidence=built.confidence, meta=meta)
 
 
@@ -499,8 +436,6 @@ class DSparkDrafter(BlockDrafter):
         survival = cost_curve.survival(estimates)
         plan = scan.schedule if scan is not None else None
         length = plan.length if plan is not None else cap
-        q_dist = torch.zeros(length + 1, self.vocab_size)
-        q_dist[: min(length + 1, len(tokens))] = rows[: length + 1]
         heads = raw if self.runner.confidence_head is not None else None
         self._judged = raw[:length]
         meta = {"block": self._block_meta(tokens, q_token), "survival": [round(s, 6) for s in survival],
@@ -509,8 +444,9 @@ class DSparkDrafter(BlockDrafter):
                 "confidence_head": None if heads is None else [round(c, 6) for c in heads],
                 "verify_length": length, "schedule": None if plan is None else
                 {**plan.to_dict(), "curve": self.cost_curve.source, "cap": cap}}
-        return DraftTree.chain(tokens[:length], q_token=q_token[:length], q_dist=q_dist,
-                               sampled=not sampling.greedy, confidence=survival[:length], meta=meta)
+        return DraftTree.chain(tokens[:length], q_token=q_token[:length],
+                               q_dist=rows_by_depth(rows, range(1, length + 1)), sampled=not sampling.greedy,
+                               confidence=survival[:length], meta=meta)
 
     def _draft(self, anchor: int, hidden: torch.Tensor, base: torch.Tensor, count: int, sampling: SamplingConfig,
                generator: torch.Generator, scan: cost_curve.PrefixScan | None
@@ -582,9 +518,8 @@ def _argument_check(kind: str) -> Callable[[str], str]:
 def _builder(kind: str):
     def build(argument: str, target: Target, settings: Mapping[str, Any]) -> BlockDrafter:
         source, mode = split_argument(kind, argument)
-        folder = source or checkpoint_files.shipped_dir(target.name, kind)
-        if not source and not (Path(folder) / "config.json").is_file():
-            raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name} yet; give {kind}:<dir or hub id>")
+        folder = checkpoint_files.source_of(source, target.name, kind, f"no {TITLES[kind]} is shipped for "
+                                            f"{target.name} yet; give {kind}:<dir or hub id>")
         model = load_drafter(folder, target.model, kind=kind)
         name = f"{kind}:{argument}" if argument else kind
         quant = settings["draft_quant"]
@@ -611,9 +546,8 @@ DESCRIPTIONS = {
               "the target",
 }
 
-FAMILIES = {kind: register(DrafterFamily(
-    name=kind,
-    syntax=f"{kind}[:<dir|hub id>]",
+FAMILIES = {kind: checkpoint_files.checkpoint_family(
+    kind, "block drafter",
     title=TITLES[kind],
     plain_name=PLAIN[kind][0],
     plain_line=PLAIN[kind][1],
@@ -623,7 +557,5 @@ FAMILIES = {kind: register(DrafterFamily(
     feature_layers=layouts.default_feature_layers,
     features=FEATURES,
     check=_argument_check(kind),
-    checkpoints=checkpoint_files.shipped(kind),
-    trainer=kind,  # specviz train dflash / dspark (specviz.training.trainers.dflash)
-    order=40 if kind == "dflash" else 41,
-)) for kind in KINDS}
+    order=40 if kind == "dflash" else 41,  # trained by specviz.training.trainers.dflash
+) for kind in KINDS}

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specviz.drafters.checkpoint_files import TargetShape
+from specviz.drafters.head_layer import layer_shapes
 from specviz.drafters.layouts import DecoderSpec, Format, Layout, fits, require
 from specviz.errors import SpecvizError
 
@@ -66,6 +67,11 @@ class BlockSpec(DecoderSpec):
             raise SpecvizError(f"a block drafter has at least one decoder layer, got {self.num_layers}")
         if self.confidence_with_markov and not (self.confidence_head and self.markov_rank):
             raise SpecvizError("confidence_with_markov needs both a confidence head and a Markov head")
+
+    @property
+    def layer_options(self) -> dict:
+        """The ``head_layer.DecoderLayer`` options of its layers: Qwen3-style, q/k RMS norms."""
+        return dict(qk_norm=True)
 
     @property
     def drafts(self) -> int:
@@ -219,19 +225,12 @@ def _writer(dialect: str):
 # ---- the layouts ------------------------------------------------------------------------------------------------
 def expected_shapes(spec: BlockSpec) -> dict[str, tuple[int, ...]]:
     """Our tensor names (the drafter module's ``state_dict``, the published names) and their shapes."""
-    h, m = spec.hidden_size, spec.intermediate_size
-    q, kv, d = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.head_dim
+    h = spec.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, len(spec.feature_layers) * h), "hidden_norm.weight": (h,),
                                           "norm.weight": (h,)}
+    layer = layer_shapes(spec, **spec.layer_options)
     for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
-            p + "mlp.gate_proj.weight": (m, h), p + "mlp.up_proj.weight": (m, h), p + "mlp.down_proj.weight": (h, m),
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-        })
+        shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
     if spec.markov_rank:
         shapes["markov_head.markov_w1.weight"] = (spec.vocab_size, spec.markov_rank)
         shapes["markov_head.markov_w2.weight"] = (spec.vocab_size, spec.markov_rank)

@@ -31,19 +31,11 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
-from specviz.drafters.borrowed import Borrowed, rope_frequencies
 from specviz.drafters.eagle_layouts import HeadSpec
-from specviz.drafters.feature_drafter import FeatureDrafter
-from specviz.drafters.head_parts import (
-    Attention,
-    GatedMLP,
-    fresh,
-    inference_copy,
-    rope_attention,
-    target_parts,
-)
+from specviz.drafters.feature_drafter import CommittedRowsDrafter, draft_mask
+from specviz.drafters.head_layer import DecoderLayer, DraftNetwork
+from specviz.drafters.head_parts import fresh, inference_copy, target_parts
 from specviz.drafters.layouts import build
-from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.features import NUMBERING
@@ -58,53 +50,26 @@ PLAIN = {"eagle": ("EAGLE-1 head", "a one-layer network guesses the next words f
          "eagle3": ("EAGLE-3 head", "a one-layer network guesses the next words from three of the model's layers")}
 
 
-class _Layer(nn.Module):
-    """The head's decoder layer; EAGLE-1's has no input norm, EAGLE-3's adds ``hidden_norm`` for the feature half."""
-
-    def __init__(self, spec: HeadSpec):
-        super().__init__()
-        self.self_attn = Attention(spec.attention_in, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
-                                   spec.head_dim)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
-        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        if spec.kind == "eagle3":
-            self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-            self.hidden_norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-
-
-class EagleHead(nn.Module):
+class EagleHead(DraftNetwork):
     """An EAGLE-1 or EAGLE-3 head over a target's features; trainable (the borrowed tensors are not parameters).
 
     ``embedding``: the target's input embedding weight ``[V, H]``; ``output``: the target's output layer (a module
-    whose ``weight`` is ``[V, H]``), used when the head has no ``lm_head`` of its own. Neither is registered as a
-    parameter or buffer, so neither is trained, moved, saved or counted in the head's ``state_dict``.
+    whose ``weight`` is ``[V, H]``), used when the head has no ``lm_head`` of its own.
     """
 
     def __init__(self, spec: HeadSpec, embedding: torch.Tensor, output: nn.Module | None):
-        super().__init__()
-        self.spec = spec
+        super().__init__(spec, embedding, output, own_output=spec.own_lm_head)
         self.fc = nn.Linear(spec.fc_in, spec.hidden_size, bias=spec.fc_bias)
         if spec.fc_norm:
             self.fc_norm = nn.ModuleList(nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
                                          for _ in spec.feature_layers)
         if spec.norm_before_fc:
             self.input_norm = nn.RMSNorm(spec.fc_in, eps=spec.rms_norm_eps)
-        self.layer = _Layer(spec)
+        self.layer = DecoderLayer(spec, **spec.layer_options)
         if spec.kind == "eagle3":
             self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False) if spec.own_lm_head else None
-        if spec.reduced_vocab:
-            self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
-        else:
-            self.d2t = None
-        self._rope = rope_frequencies(spec)
-        if embedding.shape[-1] != spec.hidden_size:
-            raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the head is {spec.hidden_size} wide")
-        if output is None and not spec.own_lm_head:
-            raise SpecvizError("a head without its own lm_head needs the target's output layer")
-        # ``output_packed``: the output layer is the fast target path's pre-packed one (inference copies reuse it)
-        self.borrowed = Borrowed(embedding, output)
-        self._output_op = None  # set on inference copies: a pre-packed output projection
+        self.draft_vocabulary("d2t", spec.draft_vocab_size if spec.reduced_vocab else 0)  # offsets to target ids
 
     # ---- the pieces a trainer needs --------------------------------------------------------------------------
     @property
@@ -119,10 +84,6 @@ class EagleHead(nn.Module):
         """Target ids of the draft vocabulary (None: the whole vocabulary)."""
         return None if self.d2t is None else layouts.target_ids(self.d2t)
 
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """The target's embedding of ``token_ids`` in the head's dtype (frozen: borrowed)."""
-        return self.borrowed.embed(token_ids, self.fc.weight.dtype)
-
     def forward(self, hidden: torch.Tensor, token_ids: torch.Tensor, position_ids: torch.Tensor, *,
                 from_target: bool = True, cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """One head step over ``[B, T]`` positions; returns the layer output ``[B, T, H]`` (before ``norm``).
@@ -134,19 +95,13 @@ class EagleHead(nn.Module):
         layer_idx) -> (keys, values)`` (a ``DynamicCache``); ``mask``: bool, True = attend, broadcastable to
         ``[B, heads, T, S]``; None means causal over the new positions with everything cached visible.
         """
-        spec = self.spec
-        hidden = hidden.to(self.fc.weight.dtype)
+        hidden = hidden.to(self.dtype)
         emb = self.embed(token_ids)
-        if spec.kind == "eagle":
-            h = self.fc(torch.cat([emb, hidden], dim=-1))
-            x, residual = h, h  # EAGLE-1's first layer has no input norm
+        if self.spec.kind == "eagle":  # the layer reads fc's output (no input norm); EAGLE-3's reads emb beside it
+            h, emb = self.fc(torch.cat([emb, hidden], dim=-1)), None
         else:
             h = self.project(hidden) if from_target else hidden
-            normed = self.layer.hidden_norm(h)
-            x = torch.cat([self.layer.input_layernorm(emb), normed], dim=-1)
-            residual = normed if spec.norm_before_residual else h
-        h = residual + self._attend(x, position_ids, cache, mask)
-        return h + self.layer.mlp(self.layer.post_attention_layernorm(h))
+        return self.layer(h, self.rotation(position_ids, h), embedding=emb, cache=cache, mask=mask)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """EAGLE-3's ``fc`` over the concatenated target features (with the layouts' optional input norms)."""
@@ -164,14 +119,11 @@ class EagleHead(nn.Module):
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits ``[..., draft_vocab_size]`` of the head's outputs."""
         h = self.norm(out) if self.spec.logits_norm and self.spec.kind == "eagle3" else out
-        if self._output_op is not None:
-            return self._output_op(h).to(h.dtype)
-        if self.lm_head is not None:
+        if self._output_op is None and self.lm_head is not None:
             return self.lm_head(h)
-        layer = self.borrowed.output
-        if self.d2t is None:
-            return layer(h.to(layer.weight.dtype)).to(h.dtype)
-        return F.linear(h, layer.weight[self.draft_ids()].to(h.dtype))
+        if self._output_op is None and self.d2t is not None:  # the target's rows at the draft ids
+            return F.linear(h, self.output_weight().to(h.dtype))
+        return self.project_out(h).to(h.dtype)
 
     def output_weight(self) -> torch.Tensor:
         """The ``[draft_vocab_size, H]`` output rows (the head's own, or the target's rows at the draft ids)."""
@@ -186,9 +138,8 @@ class EagleHead(nn.Module):
         logits = self.logits(out).float()
         if self.d2t is None and logits.shape[-1] == vocab_size:
             return logits
-        full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
         ids = self.draft_ids() if self.d2t is not None else torch.arange(logits.shape[-1], device=logits.device)
-        return full.index_copy_(-1, ids.to(logits.device), logits)
+        return self.widen(logits, ids, vocab_size)
 
     def unroll(self, features: torch.Tensor, token_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test (EAGLE-3): ``steps`` head steps over a teacher-forced sequence, each step after the
@@ -213,15 +164,6 @@ class EagleHead(nn.Module):
             outputs.append(out)
             hidden = self.next_hidden(out)
         return outputs
-
-    def _attend(self, x: torch.Tensor, position_ids: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
-        spec, attn = self.spec, self.layer.self_attn
-        batch, length, _ = x.shape
-        q = attn.q_proj(x).view(batch, length, spec.num_heads, spec.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        out = rope_attention(q, k, v, position_ids, self._rope, cache=cache, mask=mask)
-        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
     # ---- inference copy -----------------------------------------------------------------------------------------
     def for_inference(self, draft_quant: str = "off") -> EagleHead:
@@ -303,7 +245,7 @@ def save_head(head: EagleHead, folder: Path, *, target_name: str, layout: str = 
               dtype: torch.dtype | None = None) -> Path:
     """Write ``head`` as a loadable folder: our layout by default (borrowed tensors recorded, not stored, with
     the target embedding's fingerprint), or any published layout (``eagle_layouts.DIALECTS``) for interop."""
-    return layouts.FORMAT.save(head, folder, layout, target_name=target_name, dtype=dtype or head.fc.weight.dtype)
+    return layouts.FORMAT.save(head, folder, layout, target_name=target_name, dtype=dtype or head.dtype)
 
 
 def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) -> EagleHead:
@@ -318,7 +260,7 @@ def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) 
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
-class EagleDrafter(FeatureDrafter):
+class EagleDrafter(CommittedRowsDrafter):
     """Drafts with an EAGLE head from the target features the engine hands it (``observe``).
 
     ``vocab_size``: the target's logits width. ``stochastic_tree``: at temperature > 0 draw tree children from q
@@ -334,10 +276,7 @@ class EagleDrafter(FeatureDrafter):
         self.head = self.adopt(head, head.spec.vocab_size, vocab_size, pack=pack, draft_quant=draft_quant)
         self.name = name or head.kind
         self.stochastic_tree = stochastic_tree
-        super().__init__(head.feature_layers, head.fc.weight.device, head.fc.weight.dtype)
-        self._cache = None
-        self._fed = 0  # committed pairs (f[t], x[t+1]) in the head cache: t = 0 .. fed - 1
-        self._last: torch.Tensor | None = None  # head output at the last fed pair (it predicts the root's children)
+        super().__init__(head.feature_layers, head.device, head.dtype)
 
     def describe(self) -> dict:
         spec = self.head.spec
@@ -348,82 +287,50 @@ class EagleDrafter(FeatureDrafter):
                 "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     @property
-    def head_cache(self):
-        return self._cache
+    def head_cache(self) -> DynamicCache | None:
+        """The head's KV cache: the committed pairs (f[t], x[t+1]), plus the current round's draft entries."""
+        return self._caches[0] if self._caches else None
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        self._cache = DynamicCache()  # one preallocated layer: a rollback is a length change
-        self._cache.layers.append(kv.PreallocatedLayer(self.capacity))
-        self._fed, self._last = 0, None
-
-    @torch.inference_mode()
-    def catch_up(self, context: list[int]) -> None:
-        """Feed every committed pair not yet in the head cache: (f[t], x[t+1]) for t < len(context) - 1."""
-        self.follow(context)
-        kv.crop_to(self._cache, self._fed)  # drop the last round's draft entries
-        end = len(context) - 1
-        feats = self.take(end)
-        if feats is None:
-            return
-        tokens = torch.tensor([context[self._fed + 1: end + 1]], device=self._device)
-        positions = torch.arange(self._fed, end, device=self._device)[None]
-        out = self.runner(feats[None], tokens, positions, from_target=True, cache=self._cache)
-        self._last = out[0, -1]
-        self._fed = end
+    def step_committed(self, k: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                       cache: DynamicCache) -> torch.Tensor:
+        """The head on committed pairs (f[t], x[t+1]), fed the target's real features."""
+        return self.runner(hidden, tokens, positions, from_target=True, cache=cache)
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator) -> DraftTree:
         self.catch_up(context)
-        if self._last is None:  # a one-token prompt: no committed pair yet
+        last = self.last_output(0, len(context))  # the head output at the last committed pair
+        if last is None:  # a one-token prompt: no committed pair yet
             return DraftTree.empty()
-        runner, base = self.runner, self._fed
+        runner, base = self.runner, self._rows[0]
         output_of: dict[int, torch.Tensor] = {}  # candidate -> the head output after feeding it
-        slot_of: dict[int, int] = {}  # candidate -> cache offset after the committed pairs
+        slot_of: dict[int, int] = {}  # candidate -> its entry in the head cache
 
         def expand(frontier: list[int], candidates: list[dynamic_tree.Candidate]) -> torch.Tensor:
-            cached = kv.cache_length(self._cache)
-            visible = torch.zeros(len(frontier), cached + len(frontier), dtype=torch.bool)
-            visible[:, :base] = True
-            for row, node in enumerate(frontier):
-                ancestor = candidates[node].parent
-                while ancestor != ROOT:
-                    visible[row, base + slot_of[ancestor]] = True
-                    ancestor = candidates[ancestor].parent
-                visible[row, cached + row] = True
-                slot_of[node] = cached - base + row
-            hidden = torch.stack([runner.next_hidden(self._predictor(node, candidates, output_of))
-                                  for node in frontier])
+            cache = self._caches[0]
+            cached = kv.cache_length(cache)
+            slot_of.update({node: cached + row for row, node in enumerate(frontier)})
+            mask = draft_mask(frontier, candidates, cached, base, slot_of, self._device)
+            parents = [candidates[node].parent for node in frontier]
+            hidden = torch.stack([runner.next_hidden(last if p == ROOT else output_of[p]) for p in parents])
             tokens = torch.tensor([[candidates[node].token for node in frontier]], device=self._device)
             positions = torch.tensor([[base - 1 + candidates[node].depth for node in frontier]], device=self._device)
-            mask = None if bool(visible.all()) else visible.to(self._device)
-            out = runner(hidden[None], tokens, positions, from_target=False, cache=self._cache, mask=mask)
+            out = runner(hidden[None], tokens, positions, from_target=False, cache=cache, mask=mask)
             for row, node in enumerate(frontier):
                 output_of[node] = out[0, row]
             return runner.full_logits(out[0], self.vocab_size)
 
-        root = runner.full_logits(self._last[None], self.vocab_size)
+        root = runner.full_logits(last[None], self.vocab_size)
         grown = dynamic_tree.grow(root, expand, budget, sampling, generator, self.vocab_size, self.stochastic_tree)
         return grown.tree
-
-    def _predictor(self, node: int, candidates: list[dynamic_tree.Candidate],
-                   output_of: dict[int, torch.Tensor]) -> torch.Tensor:
-        parent = candidates[node].parent
-        return self._last if parent == ROOT else output_of[parent]
-
-    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
-        """Drop the draft entries: accepted nodes were fed with the head's own outputs, not the target's features;
-        their pairs are fed again, with the real features, at the next ``catch_up``."""
-        if self._cache is not None:
-            kv.crop_to(self._cache, self._fed)
 
 
 # ---- the family -------------------------------------------------------------------------------------------------
 def _builder(kind: str):
     def build(argument: str, target, settings) -> EagleDrafter:
-        source = argument or checkpoint_files.shipped_dir(target.name, kind)
-        if not argument and not (Path(source) / "config.json").is_file():
-            raise SpecvizError(f"no {TITLES[kind]} is shipped for {target.name}; give {kind}:<dir or hub id>")
+        source = checkpoint_files.source_of(argument, target.name, kind, f"no {TITLES[kind]} is shipped for "
+                                            f"{target.name}; give {kind}:<dir or hub id>")
         head = load_head(source, target.model, kind=kind)
         name = f"{kind}:{argument}" if argument else kind
         return EagleDrafter(head, target.vocab_size, name=name, stochastic_tree=bool(settings["stochastic_tree"]),
@@ -431,9 +338,8 @@ def _builder(kind: str):
     return build
 
 
-FAMILIES = {kind: register(DrafterFamily(
-    name=kind,
-    syntax=f"{kind}[:<dir|hub id>]",
+FAMILIES = {kind: checkpoint_files.checkpoint_family(
+    kind, "EAGLE head",
     title=TITLES[kind],
     plain_name=PLAIN[kind][0],
     plain_line=PLAIN[kind][1],
@@ -446,8 +352,5 @@ FAMILIES = {kind: register(DrafterFamily(
     feature_layers=lambda num_layers, kind=kind: layouts.default_feature_layers(kind, num_layers),
     features=("`hidden_states[L]` (after the final norm)" if kind == "eagle" else
               "`hidden_states[2]`, `[L//2]`, `[L-3]` (the inputs of layers 2, L//2, L-3)"),
-    check=checkpoint_files.argument_check("EAGLE head"),
-    checkpoints=checkpoint_files.shipped(kind),
-    trainer=kind,  # specviz train eagle / eagle3 (specviz.training.trainers.eagle)
-    order=30 if kind == "eagle" else 31,
-)) for kind in KINDS}
+    order=30 if kind == "eagle" else 31,  # trained by specviz.training.trainers.eagle
+) for kind in KINDS}

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from specviz.drafters.checkpoint_files import TargetShape
+from specviz.drafters.head_layer import layer_shapes
 from specviz.drafters.layouts import DecoderSpec, Format, Layout, fits
 from specviz.errors import SpecvizError
 
@@ -78,6 +79,14 @@ class HeadSpec(DecoderSpec):
     def attention_in(self) -> int:
         """Width of q/k/v's input: the hidden state (EAGLE-1) or cat(norm(embedding), norm(hidden)) (EAGLE-3)."""
         return self.hidden_size if self.kind == "eagle" else 2 * self.hidden_size
+
+    @property
+    def layer_options(self) -> dict:
+        """The ``head_layer.DecoderLayer`` options of the head's layer: EAGLE-1's reads ``fc``'s output without an
+        input norm; EAGLE-3's attention reads cat(input_layernorm(embedding), hidden_norm(hidden))."""
+        eagle3 = self.kind == "eagle3"
+        return dict(attention_in=self.attention_in, input_norm=False, two_streams=eagle3,
+                    norm_residual=self.norm_before_residual)
 
 
 def default_feature_layers(kind: str, num_layers: int) -> tuple[int, ...]:
@@ -214,20 +223,13 @@ def _eagle3_writer(dialect: str):
 # ---- tensors ----------------------------------------------------------------------------------------------------
 def expected_shapes(spec: HeadSpec) -> dict[str, tuple[int, ...]]:
     """Our tensor names (the head module's ``state_dict``) and their shapes."""
-    h, q, kv = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    m = spec.intermediate_size
+    h = spec.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, spec.fc_in)}
     if spec.fc_bias:
         shapes["fc.bias"] = (h,)
-    a = spec.attention_in
-    shapes.update({
-        "layer.self_attn.q_proj.weight": (q, a), "layer.self_attn.k_proj.weight": (kv, a),
-        "layer.self_attn.v_proj.weight": (kv, a), "layer.self_attn.o_proj.weight": (h, q),
-        "layer.mlp.gate_proj.weight": (m, h), "layer.mlp.up_proj.weight": (m, h), "layer.mlp.down_proj.weight": (h, m),
-        "layer.post_attention_layernorm.weight": (h,),
-    })
+    shapes.update(layer_shapes(spec, "layer.", **spec.layer_options))
     if spec.kind == "eagle3":
-        shapes.update({"layer.input_layernorm.weight": (h,), "layer.hidden_norm.weight": (h,), "norm.weight": (h,)})
+        shapes["norm.weight"] = (h,)
         for i in range(len(spec.feature_layers) if spec.fc_norm else 0):
             shapes[f"fc_norm.{i}.weight"] = (h,)
         if spec.norm_before_fc:

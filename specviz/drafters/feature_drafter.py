@@ -6,16 +6,26 @@ lives here once: the queue of rows not consumed yet, the checks that rows arrive
 layers, the guard against a context that changed under the drafter (its caches hold the old text's features), and
 the size of its own caches, from the run's real length (``begin`` is told the prompt, the most new tokens and the
 budget). A family keeps only its network, how it drafts and what it registers.
+
+``CommittedRowsDrafter`` adds what the drafters with a KV cache of their own per step share (EAGLE, MTP): the cache
+kept in step with the committed text and rolled back after every round; ``draft_mask`` is the tree mask of the draft
+rows such a cache takes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 from torch import nn
+from transformers import DynamicCache
 
+from specviz.drafters.dynamic_tree import Candidate
 from specviz.drafters.head_parts import drafting_copy
+from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget, Drafter, cache_capacity
 from specviz.engine.features import TargetFeatures
+from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
 
 
@@ -64,6 +74,12 @@ class FeatureDrafter(Drafter):
     def reset(self, prompt_ids: list[int]) -> None:
         """Empty the family's own caches for a new run (``self.capacity`` positions)."""
 
+    def new_cache(self, layers: int = 1) -> DynamicCache:
+        """An empty KV cache of ``layers`` preallocated layers for this run: rolling it back is a length change."""
+        cache = DynamicCache()
+        cache.layers = [kv.PreallocatedLayer(self.capacity) for _ in range(layers)]
+        return cache
+
     def observe(self, features: TargetFeatures) -> None:
         if not self._begun:
             raise SpecvizError(f"the {self.what} got target features before begin()")
@@ -99,3 +115,115 @@ class FeatureDrafter(Drafter):
         self._queue = [rest] if len(rest) else []
         self._taken = end
         return rows
+
+
+class CommittedRowsDrafter(FeatureDrafter):
+    """A feature drafter whose network runs as ``steps`` chained steps, each with a KV cache of its own kept in step
+    with the committed text (EAGLE's head: one step; MTP: one per module).
+
+    Step k has a row at every committed position t whose inputs exist: the token x[t+1+k] and, as hidden state, the
+    target's feature of t (k = 0) or what step k-1's output at t feeds it (``feed``). ``catch_up`` gives every step
+    its committed rows once, with these real inputs; a round's draft rows (fed the network's own outputs) are dropped
+    when it ends, so accepted tokens get their rows again, from the committed text (EAGLE's ``stable_kv``). A family
+    says how a step runs on committed rows (``step_committed``) and drafts from ``last_output``.
+    """
+
+    steps = 1
+
+    def __init__(self, feature_layers: tuple[int, ...], device: torch.device | None, dtype: torch.dtype):
+        super().__init__(feature_layers, device, dtype)
+        self._caches: list[DynamicCache] = []
+        self._rows: list[int] = []  # step k holds committed rows at positions 0 .. rows[k] - 1
+        self._tail: list[tuple[int, torch.Tensor] | None] = []  # step k: (first position, outputs) still needed
+
+    def step_committed(self, k: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                       cache: DynamicCache) -> torch.Tensor:
+        """Step k's outputs ``[1, T, H]`` of committed rows: ``hidden`` ``[1, T, F]``, ``tokens`` and ``positions``
+        ``[1, T]``, their keys and values appended to ``cache``."""
+        raise NotImplementedError
+
+    def feed(self, k: int, out: torch.Tensor) -> torch.Tensor:
+        """What step k + 1 reads as hidden state from step k's outputs (chains of several steps)."""
+        raise NotImplementedError
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self._caches = [self.new_cache() for _ in range(self.steps)]
+        self._rows, self._tail = [0] * self.steps, [None] * self.steps
+
+    def last_output(self, k: int, length: int) -> torch.Tensor | None:
+        """Step k's committed output at position P - k after ``length`` tokens (P = length - 2, the last position
+        with a target feature): what the first draft step after it reads. None when it has no row there yet."""
+        base = length - 2
+        if self._rows[k] != base + 1 - k or base - k < 0:
+            return None
+        return self._tail[k][1][-1]
+
+    def _outputs(self, k: int, start: int, end: int) -> torch.Tensor:
+        """Committed outputs of step k at positions start .. end - 1."""
+        first, outs = self._tail[k]
+        if start < first or end - first > outs.shape[0]:
+            raise SpecvizError(f"the {self.what} lost step {k}'s outputs of positions {start}..{end - 1}")
+        return outs[start - first: end - first]
+
+    @torch.inference_mode()
+    def catch_up(self, context: list[int]) -> None:
+        """Give every step its rows for the committed text: step k at positions t <= len(context) - 2 - k."""
+        self.follow(context)
+        self._drop_drafts()
+        total = len(context)
+        for k in range(self.steps):
+            start, end = self._rows[k], max(0, total - 1 - k)
+            if end <= start:
+                continue
+            hidden = self.take(end) if k == 0 else self.feed(k - 1, self._outputs(k - 1, start, end))
+            tokens = torch.tensor([context[start + 1 + k: end + 1 + k]], device=self._device)
+            positions = torch.arange(start, end, device=self._device)[None]
+            out = self.step_committed(k, hidden[None], tokens, positions, self._caches[k])[0]
+            if self._tail[k] is not None:
+                first, old = self._tail[k]
+                out = torch.cat([old[: start - first], out])
+                start = first
+            self._tail[k], self._rows[k] = (start, out), end
+        for k in range(self.steps):  # keep what the next catch-up (step k + 1) and the next draft (the last row) read
+            if self._tail[k] is None:
+                continue
+            first, outs = self._tail[k]
+            keep = min(self._rows[k + 1], self._rows[k] - 1) if k + 1 < self.steps else self._rows[k] - 1
+            self._tail[k] = (keep, outs[keep - first:])
+
+    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
+        """Drop the round's draft rows: accepted tokens get theirs again, from the committed text, at ``catch_up``."""
+        self._drop_drafts()
+
+    def _drop_drafts(self) -> None:
+        for cache, rows in zip(self._caches, self._rows):
+            kv.crop_to(cache, rows)
+
+
+def draft_mask(nodes: Sequence[int], candidates: Sequence[Candidate], cached: int, committed: int,
+               slots: Mapping[int, int], device: torch.device | None) -> torch.Tensor | None:
+    """What the draft rows of ``nodes`` (appended after a head cache's ``cached`` entries, in this order) may see:
+    the ``committed`` entries, the entries of their ancestors in the tree (``slots``: node -> entry, where it has
+    one) and themselves, as a tree mask (True = attend); None when that is every entry (one row seeing everything)."""
+    visible = torch.zeros(len(nodes), cached + len(nodes), dtype=torch.bool)
+    visible[:, :committed] = True
+    for row, node in enumerate(nodes):
+        visible[row, cached + row] = True
+        ancestor = candidates[node].parent
+        while ancestor != ROOT:
+            if ancestor in slots:
+                visible[row, slots[ancestor]] = True
+            ancestor = candidates[ancestor].parent
+    return None if bool(visible.all()) else visible.to(device)
+
+
+def rows_by_depth(q: torch.Tensor, depths: Sequence[int]) -> torch.Tensor:
+    """A tree's ``q_dist`` where the draft distribution depends on the depth alone (a DFlash / DSpark block's
+    positions, Medusa's heads; ``q[d]``: the distribution at depth d + 1): row 0, the root's children, is ``q[0]``;
+    the row after a node at depth d is ``q[d]``, zeros past the last."""
+    rows = torch.zeros(len(depths) + 1, q.shape[-1])
+    rows[0] = q[0]
+    for node, depth in enumerate(depths):
+        if depth < len(q):
+            rows[node + 1] = q[depth]
+    return rows

@@ -1,5 +1,6 @@
-"""Pieces every feature-reading drafter is built from: the target's borrowed parts, a SwiGLU MLP, RoPE's rotation
-and the packed-kernel copy used for inference. One definition each (EAGLE, MTP, Medusa, DFlash/DSpark share them).
+"""Pieces every feature-reading drafter is built from besides its layers (``head_layer``): the target's parts it
+borrows, fresh initialisation and the packed-kernel copy used for inference. One definition each (EAGLE, MTP, Medusa,
+DFlash/DSpark share them).
 """
 
 from __future__ import annotations
@@ -36,43 +37,6 @@ def target_parts(model: nn.Module) -> tuple[TargetShape, torch.Tensor, nn.Module
         raise SpecvizError(f"{type(model).__name__} has no output layer a drafter can borrow")
     shape = TargetShape.of(config, vocab_size=int(output.weight.shape[0]))
     return shape, model.get_input_embeddings().weight, output
-
-
-class Attention(nn.Module):
-    """A decoder layer's attention projections, named as in transformers' Llama (``q_proj`` … ``o_proj``), reading
-    ``in_features`` (EAGLE-3's layer reads 2H); ``bias`` on q/k/v (Qwen2), ``qk_norm`` per head (Qwen3, DFlash).
-    The forward is each drafter's own (``rope_attention``)."""
-
-    def __init__(self, in_features: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
-                 bias: bool = False, qk_norm: bool = False, eps: float = 1e-6):
-        super().__init__()
-        q, kv = num_heads * head_dim, num_kv_heads * head_dim
-        self.q_proj = nn.Linear(in_features, q, bias=bias)
-        self.k_proj = nn.Linear(in_features, kv, bias=bias)
-        self.v_proj = nn.Linear(in_features, kv, bias=bias)
-        self.o_proj = nn.Linear(q, hidden_size, bias=False)
-        if qk_norm:
-            self.q_norm = nn.RMSNorm(head_dim, eps=eps)
-            self.k_norm = nn.RMSNorm(head_dim, eps=eps)
-
-
-class GatedMLP(nn.Module):
-    """The Llama/Qwen MLP, ``down(silu(gate(x)) * up(x))``, with the published weight names."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """RoPE's rotation of the last dimension's two halves (the HF convention)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def shallow_copy(module: nn.Module, pack) -> nn.Module:
@@ -158,23 +122,3 @@ def fresh(build: Callable[[], M], seed: int | None, *, embeddings: bool = False,
         if seed is not None:
             torch.random.set_rng_state(state)
     return module
-
-
-def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor,
-                   rope: tuple[torch.Tensor, float], *, cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Llama-style RoPE on ``[B, heads, T, D]`` q and k (``rope`` = (inv_freq, attention scaling), angles as
-    transformers computes them), the cache's keys and values appended, then SDPA (GQA when the head counts differ;
-    causal from the bottom right when no ``mask`` is given). Returns ``[B, heads, T, D]``."""
-    length = q.shape[-2]
-    inv_freq, scaling = rope
-    freqs = position_ids.reshape(-1, length).to(q.device)[..., None].float() * inv_freq.to(q.device)
-    angles = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = (angles.cos() * scaling).to(q.dtype)[:, None], (angles.sin() * scaling).to(q.dtype)[:, None]
-    q = q * cos + rotate_half(q) * sin
-    k = k * cos + rotate_half(k) * sin
-    if cache is not None:
-        k, v = cache.update(k, v, 0)
-    total = k.shape[-2]
-    if mask is None and length > 1:
-        mask = torch.ones(length, total, dtype=torch.bool, device=q.device).tril(total - length)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])

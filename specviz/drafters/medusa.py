@@ -35,12 +35,11 @@ from torch import nn
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import medusa_layouts as layouts
-from specviz.drafters.borrowed import Borrowed
-from specviz.drafters.feature_drafter import FeatureDrafter
+from specviz.drafters.feature_drafter import FeatureDrafter, rows_by_depth
+from specviz.drafters.head_layer import DraftNetwork
 from specviz.drafters.head_parts import inference_copy, output_projection, target_parts
 from specviz.drafters.layouts import build
 from specviz.drafters.medusa_layouts import MedusaSpec
-from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig
@@ -63,35 +62,22 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(DraftNetwork):
     """``num_heads`` heads over a target's feature; ``output``: the target's output layer, borrowed (not a
     parameter, never saved) by heads without their own."""
 
     def __init__(self, spec: MedusaSpec, output: nn.Module | None, embedding: torch.Tensor | None = None):
-        super().__init__()
-        self.spec = spec
+        super().__init__(spec, embedding, output, own_output=spec.own_lm_head, rope=False)
         rows = spec.draft_vocab_size or spec.vocab_size
         self.heads = nn.ModuleList(
             nn.Sequential(*[ResBlock(spec.hidden_size, spec.block_bias) for _ in range(spec.num_layers)],
                           *([nn.Linear(spec.hidden_size, rows, bias=False)] if spec.own_lm_head else []))
             for _ in range(spec.num_heads))
-        if spec.reduced_vocab:
-            self.register_buffer("token_map", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
-        else:
-            self.token_map = None
-        if output is None and not spec.own_lm_head:
-            raise SpecvizError("Medusa heads without their own output layer need the target's")
-        self.borrowed = Borrowed(embedding, output)
-        self._output_op = None  # inference copies: the target's output rows pre-packed
+        self.draft_vocabulary("token_map", spec.draft_vocab_size if spec.reduced_vocab else 0)  # the target ids
 
     @property
     def num_heads(self) -> int:
         return self.spec.num_heads
-
-    @property
-    def dtype(self) -> torch.dtype:
-        weight = next(self.parameters(), None)
-        return torch.float32 if weight is None else weight.dtype
 
     def states(self, features: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` target features -> ``[..., num_heads, H]``: each head's residual blocks (before the output
@@ -114,15 +100,9 @@ class MedusaHeads(nn.Module):
         """Head h's logits ``[..., V]`` (float32) of its block output ``state`` ``[..., H]``."""
         spec = self.spec
         if not spec.own_lm_head:
-            if self._output_op is not None:
-                return self._output_op(state).float() * spec.logit_scale
-            layer = self.borrowed.output
-            return layer(state.to(layer.weight.dtype)).float() * spec.logit_scale
+            return self.project_out(state).float() * spec.logit_scale
         out = self.heads[h][-1](state).float() * spec.logit_scale
-        if self.token_map is None:
-            return out
-        full = out.new_full((*out.shape[:-1], spec.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.token_map.to(out.device), out)
+        return out if self.token_map is None else self.widen(out, self.token_map, spec.vocab_size)
 
     def for_inference(self, draft_quant: str = "off") -> MedusaHeads:
         """A copy sharing every tensor whose linear layers (and the borrowed output rows) run pre-packed; the
@@ -370,29 +350,22 @@ def static_tree(choices: Choices, ranked: list[list[int]], q: torch.Tensor, min_
         q_token.append(p)
         confidence.append(p * (1.0 if parent == ROOT else confidence[parent]))
         head.append(h)
-    rows = torch.zeros(len(tokens) + 1, q.shape[-1])
-    rows[0] = q[0]
-    for node, h in enumerate(head):
-        if h + 1 < q.shape[0]:
-            rows[node + 1] = q[h + 1]
-    return DraftTree(tokens=tokens, parents=parents, q_token=q_token, q_dist=rows, sampled=False,
-                     confidence=[max(0.0, min(1.0, c)) if math.isfinite(c) else 0.0 for c in confidence],
+    return DraftTree(tokens=tokens, parents=parents, q_token=q_token, q_dist=rows_by_depth(q, [h + 1 for h in head]),
+                     sampled=False, confidence=[max(0.0, min(1.0, c)) if math.isfinite(c) else 0.0 for c in confidence],
                      meta={"head": head})
 
 
 # ---- the family -------------------------------------------------------------------------------------------------
 def _build(argument: str, target, settings) -> MedusaDrafter:
-    source = argument or checkpoint_files.shipped_dir(target.name, "medusa")
-    if not argument and not (Path(source) / "config.json").is_file():
-        raise SpecvizError(f"no Medusa heads are shipped for {target.name}; give medusa:<dir or hub id>")
+    source = checkpoint_files.source_of(argument, target.name, "medusa", f"no Medusa heads are shipped for "
+                                        f"{target.name}; give medusa:<dir or hub id>")
     heads, choices = load_heads(source, target.model)
     return MedusaDrafter(heads, target.vocab_size, name=f"medusa:{argument}" if argument else "medusa",
                          choices=choices, draft_quant=settings["draft_quant"])
 
 
-FAMILY = register(DrafterFamily(
-    name="medusa",
-    syntax="medusa[:<dir|hub id>]",
+FAMILY = checkpoint_files.checkpoint_family(
+    "medusa", "Medusa heads",
     title=TITLE,
     plain_name="Medusa heads",
     plain_line="small extra outputs on the model guess the 2nd, 3rd, ... word ahead at once",
@@ -404,8 +377,5 @@ FAMILY = register(DrafterFamily(
     reads=("min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as Medusa reads the base model's output)",
-    check=checkpoint_files.argument_check("Medusa heads"),
-    checkpoints=checkpoint_files.shipped("medusa"),
-    trainer="medusa",  # specviz train medusa (specviz.training.trainers.medusa)
-    order=34,
-))
+    order=34,  # trained by specviz.training.trainers.medusa
+)

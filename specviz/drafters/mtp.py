@@ -32,19 +32,11 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
-from specviz.drafters.borrowed import Borrowed, rope_frequencies
-from specviz.drafters.feature_drafter import FeatureDrafter
-from specviz.drafters.head_parts import (
-    Attention,
-    GatedMLP,
-    fresh,
-    inference_copy,
-    rope_attention,
-    target_parts,
-)
+from specviz.drafters.feature_drafter import CommittedRowsDrafter, draft_mask
+from specviz.drafters.head_layer import DecoderLayer, DraftNetwork
+from specviz.drafters.head_parts import fresh, inference_copy, target_parts
 from specviz.drafters.layouts import build
 from specviz.drafters.mtp_layouts import MtpSpec
-from specviz.drafters.registry import DrafterFamily, register
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.features import NUMBERING
@@ -56,19 +48,6 @@ TITLE = "MTP modules"
 
 
 # ---- the modules ------------------------------------------------------------------------------------------------
-class _Block(nn.Module):
-    """A pre-norm dense decoder layer (Llama; Qwen2's q/k/v bias; Qwen3's q/k norm), as in the target."""
-
-    def __init__(self, spec: MtpSpec):
-        super().__init__()
-        self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.self_attn = Attention(spec.hidden_size, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
-                                   spec.head_dim, bias=spec.attention_bias, qk_norm=spec.qk_norm,
-                                   eps=spec.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
-
-
 class MtpModule(nn.Module):
     """One MTP module: the two input norms, the projection, a decoder layer and the final norm."""
 
@@ -77,34 +56,20 @@ class MtpModule(nn.Module):
         self.enorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.hnorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * spec.hidden_size, spec.hidden_size, bias=False)
-        self.block = _Block(spec)
+        self.block = DecoderLayer(spec, **spec.layer_options)
         self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
 
 
-class MtpStack(nn.Module):
+class MtpStack(DraftNetwork):
     """n MTP modules over a target (its embedding and output layer borrowed: not parameters, never saved)."""
 
     def __init__(self, spec: MtpSpec, embedding: torch.Tensor, output: nn.Module):
-        super().__init__()
-        self.spec = spec
+        super().__init__(spec, embedding, output)
         self.layers = nn.ModuleList(MtpModule(spec) for _ in range(spec.num_modules))
-        if embedding.shape[-1] != spec.hidden_size:
-            raise SpecvizError(f"the target embedding is {list(embedding.shape)}; the modules are {spec.hidden_size} "
-                               f"wide")
-        self._rope = rope_frequencies(spec)
-        self.borrowed = Borrowed(embedding, output)
-        self._output_op = None  # inference copies: the output rows pre-packed
 
     @property
     def num_modules(self) -> int:
         return self.spec.num_modules
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.layers[0].eh_proj.weight.dtype
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.borrowed.embed(token_ids, self.dtype)
 
     def step(self, k: int, hidden: torch.Tensor, token_ids: torch.Tensor, position_ids: torch.Tensor, *,
              cache=None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,9 +80,7 @@ class MtpStack(nn.Module):
         emb = layer.enorm(self.embed(token_ids))
         hid = layer.hnorm(hidden.to(self.dtype))
         x = layer.eh_proj(torch.cat([emb, hid], dim=-1))
-        block = layer.block
-        h = x + self._attend(block.self_attn, block.input_layernorm(x), position_ids, cache, mask)
-        return h + block.mlp(block.post_attention_layernorm(h))
+        return layer.block(x, self.rotation(position_ids, x), cache=cache, mask=mask)
 
     def feed(self, k: int, out: torch.Tensor) -> torch.Tensor:
         """What the next step reads from module k's output: h', or norm(h') for the layouts that feed it normed."""
@@ -125,11 +88,7 @@ class MtpStack(nn.Module):
 
     def logits(self, k: int, out: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of module k's outputs (float32): the target's output layer on norm(h')."""
-        h = self.layers[k].norm(out)
-        if self._output_op is not None:
-            return self._output_op(h).float()
-        layer = self.borrowed.output
-        return layer(h.to(layer.weight.dtype)).float()
+        return self.project_out(self.layers[k].norm(out)).float()
 
     def teacher_forced(self, features: torch.Tensor, token_ids: torch.Tensor) -> list[torch.Tensor]:
         """The training forward over a known sequence: module k at positions t = 0 .. T-2-k reads x[t+1+k] and,
@@ -150,19 +109,6 @@ class MtpStack(nn.Module):
             outs.append(out)
             hidden = self.feed(k, out)
         return outs
-
-    def _attend(self, attn: Attention, x: torch.Tensor, position_ids: torch.Tensor, cache,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        spec = self.spec
-        batch, length, _ = x.shape
-        q = attn.q_proj(x).view(batch, length, spec.num_heads, spec.head_dim)
-        k = attn.k_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim)
-        v = attn.v_proj(x).view(batch, length, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        if spec.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        out = rope_attention(q, k, v, position_ids, self._rope, cache=cache, mask=mask)
-        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, spec.num_heads * spec.head_dim))
 
     def for_inference(self, draft_quant: str = "off") -> MtpStack:
         """A copy sharing every tensor whose projections run through pre-packed kernels where they run (as
@@ -223,7 +169,7 @@ def own_mtp_source(model: nn.Module) -> str | None:
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
-class MtpDrafter(FeatureDrafter):
+class MtpDrafter(CommittedRowsDrafter):
     """Drafts with MTP modules from the target features the engine hands it (``observe``).
 
     ``stochastic_tree``: at temperature > 0 draw tree children from q (verified by rejection sampling) instead of
@@ -238,7 +184,8 @@ class MtpDrafter(FeatureDrafter):
         self.stack = self.adopt(stack, stack.spec.vocab_size, vocab_size, pack=pack, draft_quant=draft_quant)
         self.name = name or "mtp"
         self.stochastic_tree = stochastic_tree
-        super().__init__((stack.spec.feature_layer,), stack.layers[0].eh_proj.weight.device, stack.dtype)
+        super().__init__((stack.spec.feature_layer,), stack.device, stack.dtype)
+        self.steps = stack.num_modules  # module k is step k
         self.begin([])
 
     def describe(self) -> dict:
@@ -253,58 +200,18 @@ class MtpDrafter(FeatureDrafter):
     def module_caches(self) -> list[DynamicCache]:
         return self._caches
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        n = self.stack.num_modules
-        self._caches = []
-        for _ in range(n):
-            cache = DynamicCache()  # one preallocated layer: a rollback is a length change
-            cache.layers.append(kv.PreallocatedLayer(self.capacity))
-            self._caches.append(cache)
-        self._rows = [0] * n  # module k holds committed rows at positions 0 .. rows[k] - 1
-        self._tail: list[tuple[int, torch.Tensor] | None] = [None] * n  # (first position, outputs) still needed
+    def step_committed(self, k: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                       cache: DynamicCache) -> torch.Tensor:
+        return self.runner.step(k, hidden, tokens, positions, cache=cache)
 
-    def _outputs(self, k: int, start: int, end: int) -> torch.Tensor:
-        """Committed outputs of module k at positions start .. end - 1."""
-        first, outs = self._tail[k]
-        if start < first or end - first > outs.shape[0]:
-            raise SpecvizError(f"MTP module {k} lost its outputs of positions {start}..{end - 1}")
-        return outs[start - first: end - first]
-
-    @torch.inference_mode()
-    def catch_up(self, context: list[int]) -> None:
-        """Give every module its rows for the committed text: module k at positions t <= len(context) - 2 - k."""
-        self.follow(context)
-        for cache, rows in zip(self._caches, self._rows):
-            kv.crop_to(cache, rows)  # drop the last round's draft rows
-        n, total = self.stack.num_modules, len(context)
-        for k in range(n):
-            start, end = self._rows[k], max(0, total - 1 - k)
-            if end <= start:
-                continue
-            if k == 0:
-                hidden = self.take(end)
-            else:
-                hidden = self.runner.feed(k - 1, self._outputs(k - 1, start, end))
-            tokens = torch.tensor([context[start + 1 + k: end + 1 + k]], device=self._device)
-            positions = torch.arange(start, end, device=self._device)[None]
-            out = self.runner.step(k, hidden[None], tokens, positions, cache=self._caches[k])[0]
-            if self._tail[k] is not None:
-                first, old = self._tail[k]
-                out = torch.cat([old[: start - first], out])
-                start = first
-            self._tail[k], self._rows[k] = (start, out), end
-        for k in range(n):  # keep what the next catch-up (module k + 1) and the next draft (the last row) read
-            if self._tail[k] is None:
-                continue
-            first, outs = self._tail[k]
-            keep = min(self._rows[k + 1], self._rows[k] - 1) if k + 1 < n else self._rows[k] - 1
-            self._tail[k] = (keep, outs[keep - first:])
+    def feed(self, k: int, out: torch.Tensor) -> torch.Tensor:
+        return self.runner.feed(k, out)
 
     @torch.inference_mode()
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator) -> DraftTree:
         self.catch_up(context)
-        if len(context) < 2 or self._rows[0] != len(context) - 1:  # a one-token prompt: no committed row yet
+        if self.last_output(0, len(context)) is None:  # a one-token prompt: no committed row yet
             return DraftTree.empty()
         rows = _DraftRows(self, len(context))
 
@@ -321,11 +228,6 @@ class MtpDrafter(FeatureDrafter):
             node["module"] = (node["depth"] - 1) % rows.n
         return tree
 
-    def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
-        """Drop the draft rows: accepted tokens get their rows again, from the committed text, next round."""
-        for cache, rows in zip(self._caches, self._rows):
-            kv.crop_to(cache, rows)
-
 
 class _DraftRows:
     """One round's draft rows: module k's row of node v sits at position P + depth(v) - k (P = len(context) - 2),
@@ -337,13 +239,11 @@ class _DraftRows:
         self.n = drafter.stack.num_modules
         self.base = length - 2  # P: the last position with a target feature
         self.out: dict[tuple[int, int], torch.Tensor] = {}
-        self.slot: dict[tuple[int, int], int] = {}
+        self.slots: list[dict[int, int]] = [{} for _ in range(self.n)]  # module k: node -> its row's cache entry
 
     def committed(self, k: int) -> torch.Tensor | None:
         """Module k's last committed output (position P - k), None when it has no row yet."""
-        if self.drafter._rows[k] != self.base + 1 - k or self.base - k < 0:
-            return None
-        return self.drafter._tail[k][1][-1]
+        return self.drafter.last_output(k, self.base + 2)
 
     def _source(self, k: int) -> int:
         return k - 1 if k else self.n - 1
@@ -393,23 +293,12 @@ class _DraftRows:
     def _forward(self, k: int, batch: list[tuple[int, int]], candidates: list[dynamic_tree.Candidate]) -> None:
         device = self.drafter._device
         cache = self.drafter._caches[k]
-        cached, committed = kv.cache_length(cache), self.drafter._rows[k]
-        for index, row in enumerate(batch):
-            self.slot[row] = cached + index
-        visible = torch.zeros(len(batch), cached + len(batch), dtype=torch.bool)
-        visible[:, :committed] = True
-        for index, (_, v) in enumerate(batch):
-            visible[index, cached + index] = True
-            ancestor = candidates[v].parent
-            while ancestor != ROOT:
-                slot = self.slot.get((k, ancestor))
-                if slot is not None:
-                    visible[index, slot] = True
-                ancestor = candidates[ancestor].parent
+        cached, slots = kv.cache_length(cache), self.slots[k]
+        slots.update({v: cached + index for index, (_, v) in enumerate(batch)})
+        mask = draft_mask([v for _, v in batch], candidates, cached, self.drafter._rows[k], slots, device)
         hidden = torch.stack([self._hidden(row, candidates) for row in batch])
         tokens = torch.tensor([[candidates[v].token for _, v in batch]], device=device)
         positions = torch.tensor([[self.base + candidates[v].depth - k for _, v in batch]], device=device)
-        mask = None if bool(visible.all()) else visible.to(device)
         out = self.runner.step(k, hidden[None], tokens, positions, cache=cache, mask=mask)[0]
         for index, row in enumerate(batch):
             self.out[row] = out[index]
@@ -418,20 +307,16 @@ class _DraftRows:
 # ---- the family -------------------------------------------------------------------------------------------------
 def _build(argument: str, target, settings) -> MtpDrafter:
     """``mtp:<dir|hub id>``; bare ``mtp``: the target checkpoint's own MTP layers, else the shipped modules."""
-    source: str | Path | None = argument or own_mtp_source(target.model)
-    if source is None:
-        if not (checkpoint_files.shipped_dir(target.name, "mtp") / "config.json").is_file():
-            raise SpecvizError(f"no MTP modules are shipped for {target.name} and its checkpoint carries none; give "
-                               f"mtp:<dir or hub id>")
-        source = checkpoint_files.shipped_dir(target.name, "mtp")
+    source = argument or own_mtp_source(target.model) or checkpoint_files.source_of(
+        "", target.name, "mtp", f"no MTP modules are shipped for {target.name} and its checkpoint carries none; give "
+        f"mtp:<dir or hub id>")
     stack = load_stack(source, target.model)
     return MtpDrafter(stack, target.vocab_size, name=f"mtp:{argument}" if argument else "mtp",
                       stochastic_tree=bool(settings["stochastic_tree"]), draft_quant=settings["draft_quant"])
 
 
-FAMILY = register(DrafterFamily(
-    name="mtp",
-    syntax="mtp[:<dir|hub id>]",
+FAMILY = checkpoint_files.checkpoint_family(
+    "mtp", "MTP modules",
     title=TITLE,
     plain_name="Multi-token prediction (MTP)",
     plain_line="small modules on the model's last layer predict the words after the next one",
@@ -444,9 +329,6 @@ FAMILY = register(DrafterFamily(
     reads=("stochastic_tree", "min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as published MTP layers are fed)",
-    check=checkpoint_files.argument_check("MTP modules"),
     bare_from_target=True,
-    checkpoints=checkpoint_files.shipped("mtp"),
-    trainer="mtp",  # specviz train mtp (specviz.training.trainers.mtp)
-    order=33,
-))
+    order=33,  # trained by specviz.training.trainers.mtp
+)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from specviz.drafters.checkpoint_files import TargetShape, read_config
+from specviz.drafters.head_layer import layer_shapes
 from specviz.drafters.layouts import Convert, DecoderSpec, Format, Layout, fits, require
 from specviz.errors import SpecvizError
 
@@ -57,27 +58,22 @@ class MtpSpec(DecoderSpec):
         if self.origin not in ("post-hoc", "joint"):
             raise SpecvizError(f"MTP origin must be post-hoc or joint, got {self.origin!r}")
 
+    @property
+    def layer_options(self) -> dict:
+        """The ``head_layer.DecoderLayer`` options of a module's block: a pre-norm dense layer like the target's
+        (Llama; Qwen2's q/k/v bias; Qwen3's q/k norm)."""
+        return dict(bias=self.attention_bias, qk_norm=self.qk_norm)
+
 
 def expected_shapes(spec: MtpSpec) -> dict[str, tuple[int, ...]]:
     """Our tensor names (the stack module's ``state_dict``) and their shapes."""
-    h, m = spec.hidden_size, spec.intermediate_size
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    h = spec.hidden_size
+    block = layer_shapes(spec, "block.", **spec.layer_options)
     shapes: dict[str, tuple[int, ...]] = {}
     for k in range(spec.num_modules):
         p = f"layers.{k}."
         shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
-                       p + "norm.weight": (h,), p + "block.input_layernorm.weight": (h,),
-                       p + "block.post_attention_layernorm.weight": (h,),
-                       p + "block.self_attn.q_proj.weight": (q, h), p + "block.self_attn.k_proj.weight": (kv, h),
-                       p + "block.self_attn.v_proj.weight": (kv, h), p + "block.self_attn.o_proj.weight": (h, q),
-                       p + "block.mlp.gate_proj.weight": (m, h), p + "block.mlp.up_proj.weight": (m, h),
-                       p + "block.mlp.down_proj.weight": (h, m)})
-        if spec.attention_bias:
-            shapes.update({p + "block.self_attn.q_proj.bias": (q,), p + "block.self_attn.k_proj.bias": (kv,),
-                           p + "block.self_attn.v_proj.bias": (kv,)})
-        if spec.qk_norm:
-            shapes.update({p + "block.self_attn.q_norm.weight": (spec.head_dim,),
-                           p + "block.self_attn.k_norm.weight": (spec.head_dim,)})
+                       p + "norm.weight": (h,), **{p + name: shape for name, shape in block.items()}})
     return shapes
 
 
