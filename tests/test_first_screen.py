@@ -18,9 +18,11 @@ from specviz.ui import settings as panel
 from specviz.ui.state import Session
 from tests import tiny
 
-#: What a newcomer sees beside the pictures: Run, Step, Stop, the example picker, the prompt, the drafter, chain or
-#: tree, the node budget (the draft length instead for a chain) and the temperature.
-FIRST_SCREEN = ["run", "step", "stop", "example", "prompt", "drafter", "shape", "max-nodes", "temperature"]
+#: What a newcomer sees beside the pictures: Run, Step, Stop, the lesson scenarios (#43 item 4: one pick sets all of
+#: these), the example picker, the prompt, the drafter, chain or tree, the node budget (the draft length instead for a
+#: chain) and the temperature.
+FIRST_SCREEN = ["run", "step", "stop", "scenario", "example", "prompt", "drafter", "shape", "max-nodes",
+                "temperature"]
 #: Spec or CLI syntax that has no place in a first screen's words.
 SYNTAX = re.compile(r":<|\||\[|--|`|<[a-z]|[a-z]+:[a-z0-9]")
 CONTROLS = {"button", "textbox", "dropdown", "radio", "number", "checkbox", "slider", "uploadbutton",
@@ -81,10 +83,10 @@ def controls(config: dict) -> tuple[list[str], list[str], list[str], dict]:
 
 def test_the_first_screen_shows_a_lessons_few_controls(config):
     shown, hidden, advanced, _ = controls(config)
-    assert shown == FIRST_SCREEN  # 9 controls before the first picture (there were 23 in this column)
+    assert shown == FIRST_SCREEN  # 10 controls before the first picture (there were 23 in this column)
     assert hidden == ["k"]  # the chain's draft length, shown instead of the node budget when chain is picked
-    assert list(panel.FIRST_SCREEN) == ["run", "step", "stop", "example", "prompt", "drafter", "shape", "k",
-                                        "max-nodes", "temperature"]
+    assert list(panel.FIRST_SCREEN) == ["run", "step", "stop", "scenario", "example", "prompt", "drafter", "shape",
+                                        "k", "max-nodes", "temperature"]
 
 
 def test_everything_else_is_under_a_closed_advanced_accordion(config):
@@ -147,10 +149,14 @@ def test_the_drafter_list_follows_the_target(config):
     updated = panel.drafter_for_target("tiny")
     assert [spec for _, spec in updated.choices] == tiny_specs and updated.value == registry.default_for("tiny")
     assert updated.info == panel.drafter_line(updated.value)
+    # a drafter that runs with the new target stays (a scenario sets both at once); one that does not is replaced
+    assert panel.drafter_for_target("tiny", "ngram").value == "ngram"
+    assert panel.drafter_for_target("tiny", "eagle3").value == registry.default_for("tiny")
+    assert panel.drafter_for_target(declared.default("target"), "eagle3").value == "eagle3"
     # wired: a change of the target (under Advanced) redraws the drafter box
     ids = {c["props"].get("elem_id"): c["id"] for c in config["components"]}
     wired = [d for d in config["dependencies"] if [ids["target"], "change"] in [list(t) for t in d["targets"]]]
-    assert any(d["outputs"] == [ids["drafter"]] for d in wired)
+    assert any(d["outputs"] == [ids["drafter"]] and d["inputs"] == [ids["target"], ids["drafter"]] for d in wired)
     drafter = next(c for c in config["components"] if c["props"].get("elem_id") == "drafter")
     assert [tuple(choice) for choice in drafter["props"]["choices"]] == panel.drafter_choices(
         declared.default("target"))

@@ -54,8 +54,9 @@ def test_each_browser_session_gets_its_own_session_and_closes_it():
     from specviz.ui.app import build_app
 
     demo = build_app()
-    states = [block for block in demo.blocks.values() if isinstance(block, gr.State)]
-    assert len(states) == 1 and states[0].value is Session and states[0].delete_callback == Session.close
+    # other states hold plain per-tab values (the Lesson's position); one holds the visitor's Session
+    states = [block for block in demo.blocks.values() if isinstance(block, gr.State) and block.value is Session]
+    assert len(states) == 1 and states[0].delete_callback == Session.close
     assert any(target[1] == "unload" for dep in demo.config["dependencies"] for target in dep["targets"])
 
 

@@ -1,4 +1,4 @@
-"""The Gradio app: four tabs over one ``Session`` per visitor; ``launch`` adds the stylesheet and Spaces bits.
+"""The Gradio app: its tabs over one ``Session`` per visitor; ``launch`` adds the stylesheet and Spaces bits.
 
 On page load the Playground and the Traces tab show a recorded example run, so the page teaches before any
 model is loaded; Run replaces it with a live run of the real model.
@@ -11,7 +11,7 @@ import os
 import gradio as gr
 
 from specviz.resources import CSS
-from specviz.ui import compare, debugger, examples, playground, runner, traces, zerogpu
+from specviz.ui import compare, debugger, examples, lesson, playground, runner, traces, zerogpu
 from specviz.ui.state import Session, Visitors
 
 #: Model-using events that may run at once (per process). 1 on ZeroGPU, where a GPU is lent per call.
@@ -23,9 +23,10 @@ QUEUE_SIZE = int(os.environ.get("SPECVIZ_QUEUE_SIZE", "32"))
 #: the left panel shrank to nothing. The selectors are the two RunViews' plots.
 NARROW_CSS = """
 @media (max-width: 760px) {
-  #charts > div, #confidence > div, #replay-charts > div, #replay-confidence > div { overflow-x: auto; }
-  #charts .js-plotly-plot, #confidence .js-plotly-plot, #replay-charts .js-plotly-plot,
-  #replay-confidence .js-plotly-plot { min-width: 760px; }
+  #charts > div, #confidence > div, #theory > div, #replay-charts > div, #replay-confidence > div,
+  #replay-theory > div { overflow-x: auto; }
+  #charts .js-plotly-plot, #confidence .js-plotly-plot, #theory .js-plotly-plot, #replay-charts .js-plotly-plot,
+  #replay-confidence .js-plotly-plot, #replay-theory .js-plotly-plot { min-width: 760px; }
 }
 """
 
@@ -48,12 +49,15 @@ def build_app() -> gr.Blocks:
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Playground", id="playground", elem_id="tab-playground"):
                 page = playground.build(session, download)
+            with gr.Tab("Lesson", id="lesson", elem_id="tab-lesson") as lesson_tab:
+                walk = lesson.build(session)
             with gr.Tab("Chain vs Tree", id="compare", elem_id="tab-compare"):
                 compare.build(session, page.settings)
             with gr.Tab("Why was it rejected?", id="debugger", elem_id="tab-debugger") as debug_tab:
                 debug = debugger.build(session)
             with gr.Tab("Traces", id="traces", elem_id="tab-traces") as traces_tab:
                 replay = traces.build(session, download)
+        lesson_tab.select(walk["on_tab"], walk["inputs"], walk["outputs"], queue=False)
         debug_tab.select(debug["on_source"], [session, debug["source"]], debug["outputs"], queue=False)
         traces_tab.select(replay["on_which"], [session, replay["which"]], download, queue=False)
 

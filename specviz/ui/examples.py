@@ -3,7 +3,9 @@
 ``python -m specviz.ui.examples record`` re-records ``specviz/examples/traces/`` with the real default target and every
 drafter this project ships for it, as a chain and as a tree where it drafts one (same runner as the UI, so the traces
 carry plain decoding measured beside each run too), and the default drafter at the default settings, which the
-Playground opens on. Each trace's header says what it drafted and the machine it ran on; its label reads them.
+Playground opens on; ``--shapes`` records only the named ``SHAPES`` (the lesson scenarios' traces were recorded so).
+Each trace's header says what it drafted and the machine it ran on (and that it was busy, when it was); its label
+reads them.
 """
 
 from __future__ import annotations
@@ -100,9 +102,43 @@ def load_trace(name: str) -> RunRecord:
 
 
 # ---- recording -----------------------------------------------------------------------------------------------
-def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: list[str] | None = None) -> list[Path]:
-    """Record chain and tree traces per category and drafter (default: each family's default and shipped drafters
-    for the default target), plus a sampled stochastic tree for drafters with draft distributions."""
+#: More to see than the default's 4 nodes: the chain and tree traces draft these.
+LARGER = {"k": 4, "width": 3, "depth": 4, "max_nodes": 16}
+#: The shapes a trace can be recorded in, by the name its file ends with: the settings each sets on top of the
+#: defaults. ``chain-sampled`` and ``chain-long`` are recorded only when asked for (``--shapes``): the Playground's
+#: scenarios (``specviz.ui.scenarios``) open on them.
+SHAPES: dict[str, dict] = {
+    "chain": {**LARGER, "tree": False},
+    "tree": {**LARGER, "tree": True},
+    "tree-sampled": {**LARGER, "tree": True, "temperature": 0.7, "stochastic_tree": True},  # rejection sampling
+    "default": {},  # what the Playground runs when nothing is changed
+    "chain-sampled": {**LARGER, "tree": False, "temperature": 0.7},  # the same chain, sampled: p/q decides
+    "chain-long": {**LARGER, "tree": False, "k": 12},  # past the best draft length on a CPU
+}
+
+
+def trace_name(category: str, drafter: str, shape: str) -> str:
+    """The file a recording of ``drafter`` on ``category``'s prompt in ``shape`` is written to."""
+    return f"{category}-{drafter.replace('model:', '').replace(':', '')}-{shape}.jsonl"
+
+
+def default_shapes(drafter: str, target: str) -> list[str]:
+    """What ``record`` draws for a drafter unless told: chain and tree, a sampled stochastic tree for drafters with
+    draft distributions, and the default settings for the target's default drafter."""
+    from specviz.drafters import registry
+
+    shapes = ["chain", "tree"]
+    if "stochastic_tree" in registry.family_of(drafter).reads:  # it has q: show rejection sampling too
+        shapes.append("tree-sampled")
+    if drafter == registry.default_for(target):
+        shapes.append("default")
+    return shapes
+
+
+def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: list[str] | None = None,
+           shapes: list[str] | None = None, machine_note: str | None = None) -> list[Path]:
+    """Record each category's prompt with each drafter (default: each family's default and shipped drafters for the
+    default target) in each of ``shapes`` (default: ``default_shapes``)."""
     from specviz.bench import machine
     from specviz.drafters import registry
     from specviz.ui import runner
@@ -111,20 +147,15 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
     by_category = {row["category"]: row for row in prompts()}
     target = settings.default("target")
     drafters = drafters or registry.default_specs(target)
+    where = machine_line(machine, busy_note(machine) if machine_note is None else machine_note)
     written = []
-    larger = {"k": 4, "width": 3, "depth": 4, "max_nodes": 16}  # more to see than the default's 4 nodes
     for category in categories:
         row = by_category[category]
         for drafter in drafters:
-            shapes = [("chain", {**larger, "tree": False}), ("tree", {**larger, "tree": True})]
-            if "stochastic_tree" in registry.family_of(drafter).reads:  # it has q: show rejection sampling too
-                shapes.append(("tree-sampled", {**larger, "tree": True, "temperature": 0.7, "stochastic_tree": True}))
-            if drafter == registry.default_for(target):  # what the Playground runs when nothing is changed
-                shapes.append(("default", {}))
-            for shape, extra in shapes:
+            for shape in shapes or default_shapes(drafter, target):
                 request = runner.RunRequest(prompt=row["turns"][0], chat=True, drafter=drafter,
                                             max_new_tokens=max_new_tokens)
-                request = replace(request, **extra).validate()
+                request = replace(request, **SHAPES[shape]).validate()
                 rec = RunRecord(header={})
                 for event in runner.stream(request):
                     apply(rec, event)
@@ -134,9 +165,8 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
                     continue
                 rec.header["example"] = {"category": category, "question_id": row["question_id"],
                                          "source": "Spec-Bench, Apache-2.0, hemingkx/Spec-Bench",
-                                         "drafted": drafted, "machine": machine_line(machine)}
-                name = f"{category}-{drafter.replace('model:', '').replace(':', '')}-{shape}"
-                path = out_dir / f"{name}.jsonl"
+                                         "drafted": drafted, "machine": where}
+                path = out_dir / trace_name(category, drafter, shape)
                 path.write_text(rec.to_trace(), encoding="utf-8")
                 m = rec.metrics()
                 print(f"{path.name}: {m.rounds} rounds, tau {m.tau:.2f}, {rec.tokens_per_s:.1f} tok/s, "
@@ -145,10 +175,26 @@ def record(out_dir: Path, max_new_tokens: int, categories: list[str], drafters: 
     return written
 
 
-def machine_line(machine) -> str:
-    """The machine a trace was recorded on, short enough for a label: its cores and CPU (or GPU) model."""
+def machine_line(machine, note: str = "") -> str:
+    """The machine a trace was recorded on, short enough for a label: its cores and CPU (or GPU) model, and a note
+    (a busy machine's: its timings are not a quiet machine's)."""
     gpu = machine.gpu()
-    return f"{gpu}" if gpu != "none" else f"{os.cpu_count()}-core {machine.cpu_model()}"
+    where = f"{gpu}" if gpu != "none" else f"{os.cpu_count()}-core {machine.cpu_model()}"
+    return f"{where}, {note}" if note else where
+
+
+def busy_note(machine) -> str:
+    """"not a quiet machine (load …)" when other work held at least half the cores as recording began, else ""; it
+    names torch's thread count when that is fewer than the cores (fewer threads lose less to a busy machine)."""
+    import torch
+
+    load = machine.load_average()
+    cores = os.cpu_count() or 1
+    if not load or load[0] < cores / 2:
+        return ""
+    threads = torch.get_num_threads()
+    used = f", {threads} torch thread{'s' if threads > 1 else ''}" if threads < cores else ""
+    return f"not a quiet machine (load {load[0]:.1f} on {cores} cores{used})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--max-new-tokens", type=int, default=64)
     rec.add_argument("--categories", default="summarization,coding")
     rec.add_argument("--drafters", default=None, help="comma list of drafter specs (default: every ready drafter)")
+    rec.add_argument("--shapes", default=None,
+                     help=f"comma list of shapes, some of {', '.join(SHAPES)} (default: chain, tree, a sampled tree "
+                          "for drafters with q, and the default drafter's default settings)")
+    rec.add_argument("--machine-note", default=None,
+                     help="said after the machine in each label (default: a note when the machine is busy)")
     args = parser.parse_args(argv)
 
     def run() -> int:
@@ -172,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or not categories:
             raise SpecvizError(f"--categories {args.categories!r}: give some of {', '.join(known)}")
         drafters = registry.parse_list(args.drafters) if args.drafters is not None else None
+        shapes = split(args.shapes) if args.shapes is not None else None
+        if shapes is not None and (not shapes or any(shape not in SHAPES for shape in shapes)):
+            raise SpecvizError(f"--shapes {args.shapes!r}: give some of {', '.join(SHAPES)}")
         out.mkdir(parents=True, exist_ok=True)
-        record(out, args.max_new_tokens, categories, drafters)
+        record(out, args.max_new_tokens, categories, drafters, shapes, args.machine_note)
         return 0
     return exit_status(run)
 

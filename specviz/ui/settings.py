@@ -29,8 +29,10 @@ SECTIONS = ("prompt", "model", "run")  # the panel's order; the drafter comes ri
 SHOWN: list[Setting] = [s for section in SECTIONS for s in declared.SETTINGS if s.widget and s.group == section]
 #: On the first screen, in declaration order (the shape, its length or budget, the temperature).
 BASIC: list[Setting] = [s for s in declared.SETTINGS if s.widget and s.ui_basic]
-#: The element ids shown above "Advanced": the buttons' (``playground.build``) and the panel's. Tests count them.
-FIRST_SCREEN: tuple[str, ...] = ("run", "step", "stop", "example", "prompt", "drafter", *[s.elem_id for s in BASIC])
+#: The element ids shown above "Advanced": the buttons' and the scenario picker's (``playground.build``) and the
+#: panel's. Tests count them.
+FIRST_SCREEN: tuple[str, ...] = ("run", "step", "stop", "scenario", "example", "prompt", "drafter",
+                                 *[s.elem_id for s in BASIC])
 #: The panel's inputs, in the order ``request`` takes their values.
 INPUT_NAMES: list[str] = ["prompt", *[s.name for s in SHOWN if s.group != "run"], "drafter",
                           *[s.name for s in SHOWN if s.group == "run"]]
@@ -116,10 +118,12 @@ def drafter_line(spec: str | None) -> str:
     return line[:1].upper() + line[1:] + "."
 
 
-def drafter_for_target(target: str | None) -> gr.Dropdown:
-    """The drafter box after the target changed: the drafters that run with it, on its default drafter."""
-    spec = registry.default_for(target or "")
-    return gr.Dropdown(choices=drafter_choices(target or ""), value=spec, info=drafter_line(spec))
+def drafter_for_target(target: str | None, current: str | None = None) -> gr.Dropdown:
+    """The drafter box after the target changed: the drafters that run with it, on the ``current`` one where it is
+    among them (a scenario sets the target and its drafter at once), else on the target's default drafter."""
+    choices = drafter_choices(target or "")
+    spec = current if current in [value for _, value in choices] else registry.default_for(target or "")
+    return gr.Dropdown(choices=choices, value=spec, info=drafter_line(spec))
 
 
 def drafter_specs() -> str:
@@ -176,7 +180,7 @@ class Settings:
         drafter.change(lambda spec: gr.Dropdown(info=drafter_line(spec)), drafter, drafter, queue=False,
                        show_progress="hidden", api_visibility="private")
         if "target" in widgets:
-            widgets["target"].change(drafter_for_target, widgets["target"], drafter, queue=False,
+            widgets["target"].change(drafter_for_target, [widgets["target"], drafter], drafter, queue=False,
                                      show_progress="hidden", api_visibility="private")
         if {"tree", "k", "max_nodes"} <= widgets.keys():
             widgets["tree"].change(shape_shown, widgets["tree"], [widgets["k"], widgets["max_nodes"]], queue=False,

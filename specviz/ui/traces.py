@@ -101,6 +101,7 @@ def build(session: gr.State, download: gr.DownloadButton) -> dict:
     which.change(on_which, [session, which], download, queue=False)
     view.round_slider.input(lambda s, i: view.render_round(s.replay, i), [session, view.round_slider],
                             view.round_outputs, trigger_mode="always_last", show_progress="hidden", queue=False)
+    view.wire_round_steps(lambda s, i, delta: view.step_round(s.replay, i, delta), session)
     return {"view": view, "show": show, "which": which, "on_which": on_which, "download": download}
 
 

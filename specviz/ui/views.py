@@ -8,7 +8,9 @@ Heavy charts can be skipped on a streamed update (``heavy=False``) and are alway
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 import plotly.graph_objects as go
@@ -19,6 +21,9 @@ from specviz.viz.lookahead import window_spec
 from specviz.viz.record import RunRecord
 from specviz.viz.tokens import tokens_html
 from specviz.viz.tree_figure import tree_spec
+
+if TYPE_CHECKING:
+    from specviz.ui.state import Session
 
 #: The token panel's scroll box (``.sv-stream``, a fixed height) is redrawn on every update, which resets it to the
 #: top: a streamed run's newest tokens, and a picked round, would sit below the fold. After each update this scrolls
@@ -43,6 +48,35 @@ watch('value', () => {
   }
 });
 """
+
+
+#: Keyboard stepping through rounds: ← and → (or k and j) click this view's "previous" and "next round" buttons, while
+#: focus is not in a text box, number box, radio or slider (there the keys move the caret or the value) and only while
+#: the view is on screen (the Playground's and the Traces tab's views both listen; the hidden tab's does nothing).
+ROUND_KEYS_JS = """
+const buttons = {ArrowLeft: PREV, ArrowRight: NEXT, k: PREV, j: NEXT};
+document.addEventListener('keydown', (event) => {
+  if (event.defaultPrevented || event.altKey || event.ctrlKey || event.metaKey) return;
+  const target = event.target;
+  if (target && (target.isContentEditable || ['INPUT', 'TEXTAREA', 'SELECT'].includes(target.tagName))) return;
+  const id = buttons[event.key];
+  const button = id && element.offsetParent !== null ? document.getElementById(id) : null;
+  if (!button) return;
+  event.preventDefault();
+  button.click();
+});
+"""
+
+
+def round_keys_js(prefix: str) -> str:
+    """``ROUND_KEYS_JS`` bound to the buttons of the view whose elem_ids start with ``prefix``."""
+    return ROUND_KEYS_JS.replace("PREV", repr(f"{prefix}round-prev")).replace("NEXT", repr(f"{prefix}round-next"))
+
+
+def stepped_index(index: float | None, delta: int, count: int) -> int:
+    """The round ``delta`` away from ``index`` (the slider's value, None when unset), kept within ``count`` rounds."""
+    current = int(index) if isinstance(index, int | float) else 0
+    return max(0, min(current + delta, count - 1))
 
 
 def tokens_panel(value: str, **kwargs) -> gr.HTML:
@@ -82,6 +116,8 @@ class RunView:
     tree: gr.Plot
     round_slider: gr.Slider
     round_info: gr.HTML
+    prev_round: gr.Button
+    next_round: gr.Button
     tokens: gr.HTML
     metrics: gr.HTML
     charts: gr.Plot
@@ -97,10 +133,14 @@ class RunView:
         status = gr.HTML(panels.status_html(intro or "Press Run."), elem_id=f"{prefix}status")
         speedup = gr.HTML(panels.speedup_html(None), elem_id=f"{prefix}speedup")
         tree = gr.Plot(plot(tree_spec(None)), label="draft tree of the round", elem_id=f"{prefix}tree-plot")
-        with gr.Row():
+        with gr.Row():  # one row on a phone too; the round's summary goes under it
+            prev_round = gr.Button("◀ round", elem_id=f"{prefix}round-prev", size="sm", scale=0, min_width=64)
             round_slider = gr.Slider(0, 1, value=0, step=1, label="round", elem_id=f"{prefix}round-slider",
-                                     scale=1, interactive=True)
-            round_info = gr.HTML(panels.round_info_html(None), elem_id=f"{prefix}round-info")
+                                     scale=1, min_width=140, interactive=True)
+            next_round = gr.Button("round ▶", elem_id=f"{prefix}round-next", size="sm", scale=0, min_width=64)
+        round_info = gr.HTML(panels.round_info_html(None), elem_id=f"{prefix}round-info")
+        gr.HTML('<div class="sv-keys">Keys: ← and → (or k and j) step through the rounds.</div>',
+                js_on_load=round_keys_js(prefix), elem_id=f"{prefix}round-keys", padding=False)
         tokens = tokens_panel(tokens_html(None, []), label="text so far", elem_id=f"{prefix}tokens")
         markers = gr.Checkbox(False, label="mark spaces ␣ and line breaks ↵ (token boundaries in whitespace)",
                               elem_id=f"{prefix}markers", container=False)
@@ -109,16 +149,16 @@ class RunView:
         with gr.Accordion("Formulas (how every number is defined)", open=False, elem_id=f"{prefix}formulas"):
             gr.Markdown(panels.formulas_markdown())
         charts_plot = gr.Plot(label="acceptance, time and speed", show_label=False, elem_id=f"{prefix}charts")
-        theory_plot = gr.Plot(plot(theory.figure_spec(None)), label="theory vs measurement: expected τ and speedup "
-                              "against draft length", elem_id=f"{prefix}theory")
+        # short labels: gr.Plot lays its label over the figure's top strip, and a long one wrapped on a phone
+        theory_plot = gr.Plot(plot(theory.figure_spec(None)), label="theory vs measurement",
+                              elem_id=f"{prefix}theory")
         theory_note = gr.Markdown(theory.explanation(None), elem_id=f"{prefix}theory-note")
-        confidence = gr.Plot(plot(confidence_spec([])), label="drafter confidence: the round's block and the run's "
-                             "calibration", elem_id=f"{prefix}confidence")
+        confidence = gr.Plot(plot(confidence_spec([])), label="drafter confidence", elem_id=f"{prefix}confidence")
         warnings = gr.HTML("", elem_id=f"{prefix}warnings")
         window = gr.Plot(label="lookahead: the Jacobi window of the round", elem_id=f"{prefix}window",
                          visible=False)
-        return cls(status, speedup, tree, round_slider, round_info, tokens, metrics, charts_plot, confidence,
-                   warnings, window, theory_plot, theory_note)
+        return cls(status, speedup, tree, round_slider, round_info, prev_round, next_round, tokens, metrics,
+                   charts_plot, confidence, warnings, window, theory_plot, theory_note)
 
     @property
     def outputs(self) -> list:
@@ -128,6 +168,23 @@ class RunView:
     @property
     def round_outputs(self) -> list:
         return [self.tree, self.round_info, self.tokens, self.confidence, self.window]
+
+    def step_round(self, record: RunRecord | None, index: float | None, delta: int) -> dict:
+        """Round ``index + delta`` of ``record`` drawn, with the slider moved to it (nothing without rounds)."""
+        if record is None or not record.rounds:
+            return {}
+        shown = stepped_index(index, delta, len(record.rounds))
+        return {self.round_slider: gr.update(value=shown), **self.render_round(record, shown)}
+
+    def wire_round_steps(self, step: Callable[[Session, Any, int], dict], session: gr.State) -> None:
+        """The previous/next round buttons (and so the keys) call ``step(state, slider value, -1 or +1)``, which
+        returns ``step_round``'s updates for the record the view shows."""
+        def by(delta: int):
+            return lambda state, index: step(state, index, delta)
+
+        for button, delta in ((self.prev_round, -1), (self.next_round, 1)):
+            button.click(by(delta), [session, self.round_slider], [self.round_slider, *self.round_outputs],
+                         queue=False, show_progress="hidden", api_visibility="private")
 
     def render(self, record: RunRecord | None, *, status: str | None = None, level: str = "info",
                heavy: bool = True, running: bool = False, index: int | None = None) -> dict:

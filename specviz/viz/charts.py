@@ -22,13 +22,15 @@ from specviz.viz.text import plot_escape as escape
 
 DRAFT_COLOR, VERIFY_COLOR, OTHER_COLOR = "#56B4E9", "#CC79A7", "#999999"
 PLAIN_COLOR = "#555555"
-FONT = dict(family="system-ui, sans-serif", size=12)
+#: Chart text, legible on a projector and a phone: no label below ``LABEL_PX``, panel titles at ``TITLE_PX``.
+LABEL_PX, TITLE_PX = 14, 16
+FONT = dict(family="system-ui, sans-serif", size=LABEL_PX, color="#222222")
 #: Per-label bars (Paul Tol's muted scheme): apart from the outcome and time-split colours the other panels use.
 LABEL_COLORS = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
 
 
 def _axis(domain: list[float], anchor: str, title: str, **extra) -> dict:
-    return dict(domain=domain, anchor=anchor, title=dict(text=title, font=dict(size=11)), gridcolor="#eeeeee",
+    return dict(domain=domain, anchor=anchor, title=dict(text=title, font=dict(size=LABEL_PX)), gridcolor="#e6e6e6",
                 zeroline=False, **extra)
 
 
@@ -112,23 +114,23 @@ def run_charts_spec(metrics: Metrics, rounds: Sequence[Round], *, plain_tokens_p
                          line=dict(color=PLAIN_COLOR, dash="dash"), xaxis="x4", yaxis="y4",
                          hovertemplate="plain: %{y:.1f} tok/s<extra></extra>"))
     layout = dict(
-        height=480, margin=dict(l=50, r=10, t=40, b=40), font=FONT, barmode="stack",
+        height=620, margin=dict(l=60, r=10, t=50, b=40), font=FONT, barmode="stack",
         plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
-        legend=dict(orientation="h", x=0, y=-0.16, font=dict(size=10), traceorder="normal"),
+        legend=dict(orientation="h", x=0, y=-0.16, font=dict(size=LABEL_PX), traceorder="normal"),
         xaxis=_axis([0, 0.45], "y", "draft depth d", dtick=1),
-        yaxis=_axis([0.64, 1], "x", "acceptance", range=[0, 1.05]),
+        yaxis=_axis([0.66, 1], "x", "acceptance", range=[0, 1.05]),
         xaxis2=_axis([0.55, 1], "y2", "accepted draft length", dtick=1),
-        yaxis2=_axis([0.64, 1], "x2", "rounds"),
+        yaxis2=_axis([0.66, 1], "x2", "rounds"),
         xaxis3=_axis([0, 0.45], "y3", "round"),
-        yaxis3=_axis([0, 0.34], "x3", "ms"),
+        yaxis3=_axis([0, 0.3], "x3", "ms"),
         xaxis4=_axis([0.55, 1], "y4", "round"),
-        yaxis4=_axis([0, 0.34], "x4", "tokens/s", rangemode="tozero"),
+        yaxis4=_axis([0, 0.3], "x4", "tokens/s", rangemode="tozero"),
         annotations=[
             dict(text=t, x=x, y=y, xref="paper", yref="paper", showarrow=False, xanchor="left",
-                 font=dict(size=12, color="#333333"))
+                 font=dict(size=TITLE_PX, color="#222222"))
             for t, x, y in ((per_position, 0, 1.07), ("Acceptance-length histogram", 0.55, 1.07),
-                            ("Time per round: draft / verify / overhead", 0, 0.41),
-                            ("Tokens/s: speculative vs plain", 0.55, 0.41))
+                            ("Time per round: draft / verify / overhead", 0, 0.37),
+                            ("Tokens/s: speculative vs plain", 0.55, 0.37))
         ],
     )
     return dict(data=data, layout=layout)
@@ -176,7 +178,7 @@ def topk_figure(target_top: Sequence[TokenChoice], draft_top: Sequence[TokenChoi
                          marker=dict(color=OUTCOME_COLORS[Outcome.CORRECTION], line=outline()),
                          hovertemplate="%{x}: %{y:.4f}<extra>residual</extra>"))
     layout = dict(
-        title=dict(text=escape(title), x=0.01, font=dict(size=13)), height=340, barmode="group", font=FONT,
+        title=dict(text=escape(title), x=0.01, font=dict(size=TITLE_PX)), height=340, barmode="group", font=FONT,
         margin=dict(l=50, r=10, t=50, b=70), plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
         yaxis=dict(title=dict(text="probability"), range=[0, 1.02], gridcolor="#eeeeee"),
         xaxis=dict(tickfont=dict(family="ui-monospace, monospace")),

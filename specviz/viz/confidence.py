@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from specviz.engine.metrics import Calibration, calibration
 from specviz.engine.round import Round
-from specviz.viz.charts import FONT, _axis
+from specviz.viz.charts import FONT, LABEL_PX, TITLE_PX, _axis
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
 from specviz.viz.text import label
 from specviz.viz.text import plot_escape as escape
@@ -28,7 +28,7 @@ from specviz.viz.text import plot_escape as escape
 CUT_COLOR = "#e4e4e4"
 #: Height of the label strip gr.Plot lays over the figure's top-left corner: the panel titles sit below it.
 LABEL_STRIP_PX = 28
-TITLE_LINE_PX = 16
+TITLE_LINE_PX = 20
 CONFIDENCE_COLOR, SURVIVAL_COLOR, COST_COLOR, VALUE_COLOR = "#332288", "#AA4499", "#999999", "#117733"
 
 
@@ -129,13 +129,13 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
     shapes: list[dict] = []
     round_ = rounds[index if index is not None else -1] if rounds else None
     ticks: dict = {"dtick": 1}
-    block_title = "Block of the round: q, confidence ĉ and survival s"
+    block_title = "Block of the round:<br>q, confidence ĉ and survival s"
     if round_ is None or round_.confidence is None:
         notes.append(("this drafter sets no confidence" if round_ is not None else "no round yet", 0.25, 0.5, "paper"))
     elif not round_.is_chain:
-        notes.append(("a tree round: its nodes' confidence is in the tree's hover text", 0.25, 0.5, "paper"))
+        notes.append(("a tree round: its nodes' confidence<br>is in the tree's hover text", 0.25, 0.5, "paper"))
     else:
-        block_title = f"Round {round_.index}: q, confidence ĉ and survival s per position"
+        block_title = f"Round {round_.index}:<br>q, confidence ĉ and survival s per position"
         rows = block_positions(round_)
         data += _block_traces(rows)
         # each position's token under its number: inside a short bar plotly drops the text, and q is often small
@@ -150,7 +150,7 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
             notes.append((f"verify ℓ = {schedule['length']}", cut, 1.04, "x"))
             capped = schedule_cap_note(round_, budget)
             if capped:
-                block_title += f"<br><span style='font-size:10px;color:#777777'>{capped}</span>"
+                block_title += f"<br><span style='font-size:{LABEL_PX}px;color:#555555'>{capped}</span>"
     result, own = calibration(rounds), calibration(rounds, head=True)
     recalibrated = bool(own.samples) and any(isinstance(_meta(r).get("calibrated"), list) for r in rounds)
     data += _calibration_traces(result, "realised per bin (recalibrated ĉ)" if recalibrated else "realised per bin")
@@ -167,10 +167,10 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
                          f"{result.samples} drafts" if recalibrated else
                          f"Run calibration: ECE {result.ece:.3f}, {result.samples} drafts")
     annotations = [dict(text=t, x=x, y=y, xref=xref, yref="paper", showarrow=False, xanchor="center",
-                        font=dict(size=11, color="#555555")) for t, x, y, xref in notes]
+                        font=dict(size=LABEL_PX, color="#444444")) for t, x, y, xref in notes]
     annotations += [dict(text=t, x=x, y=1.07, xref="paper", yref="paper", showarrow=False, xanchor="left",
                          yanchor="bottom", align="left",
-                         font=dict(size=12, color="#333333"))
+                         font=dict(size=TITLE_PX, color="#222222"))
                     for t, x in ((block_title, 0), (calibration_title, 0.62))]
     title_lines = 1 + max(block_title.count("<br>"), calibration_title.count("<br>"))
     top = LABEL_STRIP_PX + 40 + TITLE_LINE_PX * title_lines
@@ -178,11 +178,11 @@ def confidence_spec(rounds: Sequence[Round], index: int | None = None, greedy_cu
         height=LABEL_STRIP_PX + 400 + TITLE_LINE_PX * title_lines, margin=dict(l=50, r=50, t=top, b=40), font=FONT,
         plot_bgcolor="#ffffff",
         paper_bgcolor="#ffffff", barmode="overlay",
-        legend=dict(orientation="h", x=0, y=-0.2, font=dict(size=10)),
+        legend=dict(orientation="h", x=0, y=-0.2, font=dict(size=LABEL_PX)),
         xaxis=_axis([0, 0.5], "y", "draft position k", **ticks),
         yaxis=_axis([0, 1], "x", "probability", range=[0, 1.05]),
         yaxis2=dict(overlaying="y", side="right", anchor="x", rangemode="tozero", showgrid=False, zeroline=False,
-                    title=dict(text="relative", font=dict(size=11))),
+                    title=dict(text="relative", font=dict(size=LABEL_PX))),
         xaxis3=_axis([0.62, 1], "y3", "predicted confidence", range=[0, 1]),
         yaxis3=_axis([0, 1], "x3", "realised acceptance", range=[0, 1.05]),
         shapes=shapes, annotations=annotations,

@@ -10,7 +10,7 @@ draws less, never fails.
 from __future__ import annotations
 
 from specviz.engine.round import Round
-from specviz.viz.charts import FONT
+from specviz.viz.charts import FONT, TITLE_PX
 from specviz.viz.text import label
 from specviz.viz.text import plot_escape as escape
 
@@ -53,7 +53,7 @@ def window_spec(round_: Round) -> dict | None:
     data = [dict(type="scatter", x=xs, y=ys, mode="markers+text", text=labels, textposition="middle center",
                  hovertext=hovers, hoverinfo="text", showlegend=False,
                  marker=dict(symbol="square", size=34, color=colors, line=dict(color="#555", width=1)))]
-    layout = dict(title=dict(text=escape(title), font=dict(size=13)), font=FONT, height=90 + 46 * len(levels),
+    layout = dict(title=dict(text=escape(title), font=dict(size=TITLE_PX)), font=FONT, height=90 + 46 * len(levels),
                   margin=dict(l=70, r=20, t=50, b=40), plot_bgcolor="white",
                   xaxis=dict(title="position after the last committed token (p + …)", dtick=1, zeroline=False),
                   yaxis=dict(title="level", autorange="reversed", tickvals=list(range(len(levels))),

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from specviz.engine.cost_curve import CostCurve
 from specviz.engine.round import Round
 from specviz.errors import SpecvizError
-from specviz.viz.charts import FONT, PLAIN_COLOR, _axis
+from specviz.viz.charts import FONT, LABEL_PX, PLAIN_COLOR, TITLE_PX, _axis
 from specviz.viz.outcome import OUTCOME_COLORS, Outcome
 from specviz.viz.record import RunRecord
 from specviz.viz.text import escape, plot_escape
@@ -324,14 +324,15 @@ def figure_spec(t: Theory | None) -> dict:
     elif t.costs is None:
         notes.append(("no verify-cost curve in this run:<br>speedup not predicted", 0.6, 0.5))
     layout = dict(
-        height=440, margin=dict(l=50, r=10, t=40, b=40), font=FONT, plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
-        legend=dict(orientation="h", x=0, y=-0.18, yanchor="top", font=dict(size=10)),
+        # the top clears the strip where gr.Plot lays its label over the figure (the panel titles sit above the plots)
+        height=480, margin=dict(l=60, r=10, t=80, b=40), font=FONT, plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
+        legend=dict(orientation="h", x=0, y=-0.24, yanchor="top", font=dict(size=LABEL_PX)),
         xaxis=_axis([0, 0.45], "y", xtitle, rangemode="tozero"),
         yaxis=_axis([0, 1], "x", "tokens per round", rangemode="tozero"),
         xaxis2=_axis([0.55, 1], "y2", xtitle, rangemode="tozero"),
         yaxis2=_axis([0, 1], "x2", "× plain decoding", rangemode="tozero"),
         annotations=[dict(text=text, x=x, y=y, xref="paper", yref="paper", showarrow=False, xanchor="left",
-                          font=dict(size=12, color="#333333")) for text, x, y in notes],
+                          font=dict(size=TITLE_PX, color="#222222")) for text, x, y in notes],
     )
     return dict(data=data, layout=layout)
 

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from specviz.engine.round import Round
 from specviz.viz import labels
+from specviz.viz.charts import LABEL_PX, TITLE_PX
 from specviz.viz.outcome import OUTCOME_COLORS, OUTCOME_LABELS, Outcome, node_outcomes
 from specviz.viz.text import fmt_prob, label
 from specviz.viz.text import plot_escape as escape
@@ -30,7 +31,9 @@ LEGEND_ORDER = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.UNREACHED, Outcome.C
 MAX_HEIGHT_PX, ROW_PX, FRAME_PX = 900, 26, 100
 #: Below this many pixels per leaf row, labels of nodes the target never judged (never reached, pruned) are left to
 #: the hover text: at the node budget's upper end they would print over each other in an unreadable smear.
-MIN_LABEL_ROW_PX = 14
+MIN_LABEL_ROW_PX = 16
+#: The strip at the top where gr.Plot lays its label over the figure, and one title line's height.
+LABEL_STRIP_PX, TITLE_LINE_PX = 30, 20
 
 
 def figure_height(rows: float) -> int:
@@ -259,7 +262,7 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
             marker=dict(size=[18 if n == EXTRA else dot if quiet else 14 for n in members],
                         color=OUTCOME_COLORS[outcome], symbol=["star" if n == EXTRA else "circle" for n in members],
                         line=dict(color="#ffffff", width=1)),
-            textfont=dict(color="#222222", size=12),
+            textfont=dict(color="#222222", size=LABEL_PX),
         ))
     pruned = [node for node in graph.nodes if isinstance(node, tuple)]
     if pruned:
@@ -271,28 +274,35 @@ def tree_spec(round_: Round | None, *, root_text: str | None = None, selected: i
             text=[label(t) for t in texts], textposition="middle right", hoverinfo="text", name="pruned (not verified)",
             hovertext=[_pruned_hover(records[i], t) for (_, i), t in zip(pruned, texts, strict=True)],
             marker=dict(size=min(10, dot), color=PRUNED_COLOR, line=dict(color="#bbbbbb", width=1)),
-            textfont=dict(color="#aaaaaa", size=11)))
+            textfont=dict(color="#8c8c8c", size=LABEL_PX)))
     columns = max(x for x, _ in pos.values())
     column_labels = [dict(text=escape(text), x=depth, y=1.0, xref="x", yref="paper", yanchor="bottom",
-                          showarrow=False, font=dict(size=11, color="#555555"))
+                          showarrow=False, font=dict(size=LABEL_PX, color="#444444"))
                      for depth, text in labels.depth_labels(round_).items()]
-    heading = title if title is not None else (
-        f"round {round_.index}: {len(round_.tokens)} drafted, {len(round_.accepted)} accepted, "
-        f"+1 {round_.extra_kind}")
+    # two short lines: on a 390 px phone one line of it ran off the figure's right edge
+    heading = escape(title) if title is not None else (
+        f"<b>round {round_.index}</b><br>{len(round_.tokens)} drafted, {len(round_.accepted)} accepted, "
+        f"+1 {escape(round_.extra_kind)}")
+    lines = 1 + heading.count("<br>")
+    top = LABEL_STRIP_PX + 12 + TITLE_LINE_PX * lines + (LABEL_PX + 12 if column_labels else 8)
+    height += top - (64 if column_labels else 40)  # the plot area keeps the height its rows asked for
+    # the title sits below the strip where gr.Plot lays its label over the figure (plotly sets a two-line title's
+    # top about 15 px above its anchor: measured in Chromium, tests/browser)
     layout = dict(
-        title=dict(text=escape(heading), x=0.01, font=dict(size=14)),
+        title=dict(text=heading, x=0.01, xanchor="left", y=1 - (LABEL_STRIP_PX + 20) / height, yref="container",
+                   yanchor="top", font=dict(size=TITLE_PX, family="system-ui, sans-serif")),
         height=height,
-        margin=dict(l=60, r=20, t=64 if column_labels else 40, b=10),
+        margin=dict(l=60, r=20, t=top, b=10),
         annotations=column_labels,
         showlegend=True,
-        legend=dict(orientation="h", x=0, y=0, yanchor="top", font=dict(size=11)),
+        legend=dict(orientation="h", x=0, y=0, yanchor="top", font=dict(size=LABEL_PX)),
         xaxis=dict(visible=False, range=[-0.6, columns + 0.9], fixedrange=False),
         yaxis=dict(visible=False, autorange="reversed"),
         plot_bgcolor="#ffffff",
         paper_bgcolor="#ffffff",
         hovermode="closest",
         hoverlabel=dict(align="left"),
-        font=dict(family="ui-monospace, SFMono-Regular, Menlo, monospace"),
+        font=dict(family="ui-monospace, SFMono-Regular, Menlo, monospace", size=LABEL_PX, color="#222222"),
     )
     return dict(data=traces, layout=layout)
 
@@ -301,5 +311,5 @@ def empty_spec(message: str) -> dict:
     layout = dict(height=260, margin=dict(l=10, r=10, t=40, b=10), xaxis=dict(visible=False),
                   yaxis=dict(visible=False), plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
                   annotations=[dict(text=escape(message), x=0.5, y=0.5, xref="paper", yref="paper",
-                                    showarrow=False, font=dict(size=14, color="#777777"))])
+                                    showarrow=False, font=dict(size=TITLE_PX, color="#555555"))])
     return dict(data=[], layout=layout)

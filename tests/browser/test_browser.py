@@ -24,6 +24,7 @@ CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 DOCS = ROOT / "docs" / "screenshots"
+IMG = ROOT / "docs" / "img"  # the first screen at a projector's and a phone's size
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 XSS = "<img src=x onerror=alert(1)>"
@@ -176,12 +177,12 @@ class Page:
     def points(self, elem_id: str) -> int:
         return self.page.locator(f"#{elem_id} .scatterlayer .point").count()
 
-    def shot(self, name: str, docs: bool = False) -> None:
+    def shot(self, name: str, docs: bool = False, full_page: bool = True) -> None:
         """Screenshot to test-artifacts/browser/ (and, for the docs' ones, without toasts left by earlier steps)."""
         if docs:
             self.clear_toasts()
         path = ARTIFACTS / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=True)
+        self.page.screenshot(path=str(path), full_page=full_page)
         if docs and os.environ.get("SPECVIZ_UPDATE_DOCS"):
             _save_small(path, DOCS / f"{name}.png")
 
@@ -444,7 +445,7 @@ def test_a_phone_keeps_the_figures_legible(server, browser):
     page itself never scrolls sideways."""
     phone = Page(browser, server, width=400, height=900)
     try:
-        for elem_id in ("charts", "confidence"):
+        for elem_id in ("charts", "confidence", "theory"):
             phone.page.wait_for_selector(f"#{elem_id} .js-plotly-plot", timeout=30_000)
             box = phone.page.evaluate(
                 f"() => [document.querySelector('#{elem_id} .js-plotly-plot').getBoundingClientRect().width, "
@@ -455,6 +456,121 @@ def test_a_phone_keeps_the_figures_legible(server, browser):
         phone.shot("phone")
     finally:
         phone.close()
+
+
+#: The Playground's panels that a recorded run fills with words (none may be empty once a scenario has opened).
+FILLED = ("status", "speedup", "round-info", "tokens", "metrics", "theory-note", "warnings", "scenario-note")
+#: Every text the figures draw (tick labels, titles, legends, node labels), with its font size in px.
+SVG_TEXT = """(ids) => ids.flatMap(id => [...document.querySelectorAll(`#${id} svg text`)]
+  .filter(t => t.textContent.trim()).map(t => [id, t.textContent, parseFloat(getComputedStyle(t).fontSize)]))"""
+#: A box's [left, top, right, bottom] in the viewport.
+BOX = "(sel) => { const b = document.querySelector(sel).getBoundingClientRect(); return [b.left, b.top, b.right, " \
+      "b.bottom]; }"
+
+
+def _round_shown(tab: Page) -> int:
+    return int(re.match(r"round (\d+) of", tab.page.inner_text("#round-info")).group(1))
+
+
+def _contrast(css_color: str) -> float:
+    """WCAG contrast ratio of an ``rgb(...)`` text colour on white."""
+    def linear(channel: float) -> float:
+        channel /= 255
+        return channel / 12.92 if channel <= 0.03928 else ((channel + 0.055) / 1.055) ** 2.4
+    r, g, b = (float(v) for v in re.findall(r"[\d.]+", css_color)[:3])
+    luminance = 0.2126 * linear(r) + 0.7152 * linear(g) + 0.0722 * linear(b)
+    return 1.05 / (luminance + 0.05)
+
+
+def test_every_scenario_opens_its_recording(server, browser):
+    """Each lesson scenario, picked on the first screen, sets the controls and shows its recorded run with the
+    paragraph on what to look for: every panel filled, no error toast, no traceback. ← and → step its rounds from the
+    keyboard, but not while typing in a box. Run then runs the picked settings live."""
+    from specviz.ui import scenarios
+    from specviz.ui import settings as panel
+
+    names = dict((spec, name) for name, spec in panel.drafter_choices("smollm2-135m"))
+    tab = Page(browser, server)
+    try:
+        for scenario in scenarios.SCENARIOS:
+            tab.page.click("#scenario input")
+            tab.page.get_by_role("option", name=scenario.title, exact=True).click()
+            number = scenario.title.split(" ")[0]
+            tab.page.wait_for_function(
+                f"document.querySelector('#status .sv-status').innerText.startsWith('Scenario {number} ')",
+                timeout=30_000)
+            tab.page.wait_for_function(
+                f"document.querySelector('#scenario-note')?.innerText.includes({scenario.look_for[:50]!r})",
+                timeout=30_000)
+            time.sleep(1.0)  # the figures redraw after the words
+            for elem_id in FILLED:
+                text = tab.page.inner_text(f"#{elem_id}").strip()
+                assert len(text) > 5 and "Traceback" not in text, (scenario.key, elem_id, text)
+            for elem_id in ("tree-plot", "charts", "theory", "confidence"):
+                assert tab.page.locator(f"#{elem_id} .js-plotly-plot").count() == 1, (scenario.key, elem_id)
+            assert tab.points("tree-plot") >= 2, scenario.key
+            assert tab.page.locator("#tokens .sv-stream [data-round]").count() > 0, scenario.key
+            assert tab.page.input_value("#drafter input") == names[scenario.drafter], scenario.key
+            assert tab.page.locator(".toast-body:visible").count() == 0, scenario.key
+            assert "Traceback" not in tab.page.inner_text("body"), scenario.key
+            tab.shot(f"scenario-{scenario.key}")
+        # the keys step the rounds, outside a text box only
+        shown = _round_shown(tab)
+        step = "ArrowLeft" if shown > 0 else "ArrowRight"
+        tab.page.locator("#header").click()
+        tab.page.keyboard.press(step)
+        expected = shown - 1 if step == "ArrowLeft" else shown + 1
+        tab.page.wait_for_function(
+            f"document.querySelector('#round-info').innerText.startsWith('round {expected} of')", timeout=30_000)
+        tab.page.locator("#prompt textarea").click()
+        tab.page.keyboard.press("ArrowRight")
+        time.sleep(1.0)
+        assert _round_shown(tab) == expected
+        # Run runs the picked scenario live, with its settings
+        first = scenarios.SCENARIOS[0]
+        tab.page.click("#scenario input")
+        tab.page.get_by_role("option", name=first.title, exact=True).click()
+        tab.page.wait_for_function(
+            "document.querySelector('#status .sv-status').innerText.startsWith('Scenario 1 ')", timeout=30_000)
+        tab.page.click("#run")
+        tab.wait_status("Done")
+        status = tab.status()
+        request = first.request()
+        assert f"drafter {first.drafter} · chain k={request.k}" in status and "greedy" in status, status
+        assert f"{request.max_new_tokens} tokens" in status or "end of sequence" in status, status
+        assert tab.page.locator(".toast-body:visible").count() == 0
+    finally:
+        tab.close()
+
+
+@pytest.mark.parametrize("width,height", [(1280, 720), (390, 844)])
+def test_the_first_screen_is_legible_on_a_projector_and_a_phone(server, browser, width, height):
+    """At 1280×720 (a projector) and 390×844 (a phone): body text of 16 px, info lines and every figure's text of at
+    least 14 px, info lines dark enough to read (4.5:1 on white), the tree's title whole and below gr.Plot's label,
+    no sideways scroll. The first screen's screenshot goes to docs/img/ with SPECVIZ_UPDATE_DOCS=1."""
+    tab = Page(browser, server, width=width, height=height)
+    try:
+        tab.clear_toasts()
+        tab.shot(f"first-screen-{width}x{height}", full_page=False)
+        if os.environ.get("SPECVIZ_UPDATE_DOCS"):
+            _save_small(ARTIFACTS / f"first-screen-{width}x{height}.png", IMG / f"first-screen-{width}x{height}.png")
+        for selector in ("#header p", "#prompt textarea", "#status .sv-status", "#drafter input"):
+            size = tab.page.eval_on_selector(selector, "e => parseFloat(getComputedStyle(e).fontSize)")
+            assert size >= 16, (selector, size)
+        info = tab.page.eval_on_selector("#example .info-text", "e => [parseFloat(getComputedStyle(e).fontSize), "
+                                         "getComputedStyle(e).color]")
+        assert info[0] >= 14 and _contrast(info[1]) >= 4.5, info
+        for elem_id in ("charts", "theory", "confidence"):
+            tab.page.wait_for_selector(f"#{elem_id} .js-plotly-plot", timeout=30_000)
+        texts = tab.page.evaluate(SVG_TEXT, ["tree-plot", "charts", "theory", "confidence"])
+        assert len(texts) > 50 and min(size for _, _, size in texts) >= 14, [t for t in texts if t[2] < 14][:5]
+        title = tab.page.evaluate(BOX, "#tree-plot .gtitle")
+        label = tab.page.evaluate(BOX, "#tree-plot label")
+        figure = tab.page.evaluate(BOX, "#tree-plot .js-plotly-plot")
+        assert title[1] >= label[3] - 1 and title[2] <= figure[2] and title[0] >= figure[0], (title, label, figure)
+        assert tab.page.evaluate("() => document.documentElement.scrollWidth") <= width
+    finally:
+        tab.close()
 
 
 def test_two_sessions_generate_at_once(server, browser):
@@ -494,3 +610,92 @@ def test_two_sessions_generate_at_once(server, browser):
     finally:
         first.close()
         second.close()
+
+
+#: The Lesson tab at one step, in one round trip to the browser: each panel's text, whether the figure is drawn,
+#: the toasts on show and the step's heading.
+LESSON_STATE = """() => ({
+  panels: ['lesson-header', 'lesson-text', 'lesson-formula'].map(id => document.getElementById(id).innerText.trim()),
+  figure: document.querySelectorAll('#lesson-figure .js-plotly-plot').length,
+  toasts: [...document.querySelectorAll('.toast-body')].filter(e => e.offsetParent !== null).map(e => e.innerText),
+  title: document.querySelector('#lesson-text .sv-subhead')?.innerText || '',
+})"""
+
+
+def _lesson_walk(tab: Page, steps: int, name: str) -> None:
+    """Press Next through ``steps`` steps from the first, checking at each that every panel holds text, the figure
+    is drawn, no toast or traceback showed, and Next moved on (the step's heading changed)."""
+    for step in range(steps):
+        state = tab.page.evaluate(LESSON_STATE)
+        for text in state["panels"]:
+            assert len(text) > 20 and "Traceback" not in text, (name, step, state)
+        assert state["figure"] == 1 and not state["toasts"], (name, step, state)
+        if step + 1 < steps:
+            tab.page.click("#lesson-next")
+            try:
+                tab.page.wait_for_function(
+                    f"() => (document.querySelector('#lesson-text .sv-subhead')?.innerText || '') !== "
+                    f"{state['title']!r}", timeout=30_000)
+            except sync_api.TimeoutError:
+                tab.shot(f"lesson-stuck-{step}")
+                pytest.fail(f"{name}: Next did not move on from step {step} ({state['title']!r}); the page shows "
+                            f"{tab.page.inner_text('#lesson-text')[:300]!r}")
+    assert "The run's totals" in tab.page.inner_text("#lesson-text"), name
+    tab.page.click("#lesson-next")  # past the end: it stays on the totals
+    time.sleep(0.5)
+    assert "The run's totals" in tab.page.inner_text("#lesson-text"), name
+    assert "Traceback" not in tab.page.inner_text("body")
+
+
+def _lesson_source(tab: Page, label: str) -> None:
+    tab.page.click("#lesson-source input")
+    tab.page.get_by_role("option", name=label, exact=True).first.click()
+
+
+def test_lesson_walks_a_recorded_trace_and_a_live_run(server, browser):
+    """The Lesson tab walks every step of a recorded trace (a sampled tree: rejection sampling, the residual), then
+    every step of a short live run of the embedded default, with no error toast, no traceback, no empty panel; the
+    glossary opens with one click and the jump control lands on a round."""
+    from specviz.ui import examples
+
+    name = "coding-smollm2-135m-draft-tree-sampled.jsonl"
+    tab = Page(browser, server)
+    try:
+        tab.tab("Lesson")
+        tab.page.wait_for_function("document.querySelector('#lesson-text').innerText.includes('step 1 of 6')",
+                                   timeout=30_000)
+        label = dict((value, text) for text, value in examples.trace_choices())[name]
+        _lesson_source(tab, label)
+        tab.page.wait_for_function(
+            f"document.querySelector('#lesson-header').innerText.includes('replay of {name}')", timeout=30_000)
+        rounds = len(examples.load_trace(name).rounds)
+        _lesson_walk(tab, 6 * rounds + 1, name)
+        tab.shot("lesson-totals")
+        # the jump control lands on a round's first step; the glossary is one click away
+        tab.page.click("#lesson-jump input")
+        tab.page.get_by_role("option").filter(has_text="residual").first.click()
+        tab.page.wait_for_function("document.querySelector('#lesson-text').innerText.includes('step 1 of 6')",
+                                   timeout=30_000)
+        tab.page.get_by_text("Glossary: every term on these pages").click()
+        tab.page.locator("#lesson-glossary dl").wait_for(state="visible", timeout=10_000)
+        assert "ECE" in tab.page.inner_text("#lesson-glossary")
+        tab.page.locator("#lesson-step").get_by_text("4 · the accept tests").click()  # with their coin draws
+        tab.page.wait_for_function("document.querySelector('#lesson-text').innerText.includes('step 4 of 6')",
+                                   timeout=30_000)
+        assert "u = " in tab.page.inner_text("#lesson-text")
+        tab.shot("lesson", docs=True)
+        # a short live run in the Playground, then its lesson
+        tab.tab("Playground")
+        tab.fill("max-new-tokens", "8")
+        tab.page.click("#run")
+        tab.wait_status("Done")  # the page opened on the recorded example's status, never "Done"
+        tab.tab("Lesson")
+        _lesson_source(tab, "The Playground's current run")
+        tab.page.wait_for_function("document.querySelector('#lesson-header').innerText.includes('live run')",
+                                   timeout=30_000)
+        live = int(re.search(r"\((\d+) rounds", tab.page.inner_text("#lesson-text"))[1])
+        assert live >= 1
+        _lesson_walk(tab, 6 * live + 1, "live run")
+        assert tab.dialogs == []
+    finally:
+        tab.close()
