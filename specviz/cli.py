@@ -55,7 +55,16 @@ def run_generate(args: argparse.Namespace) -> int:
     drafter = api.make_drafter(drafter_spec, target, values)
     prompt_ids = target.encode_prompt(args.prompt, chat=values["chat"])
     api.warm_up(target, prompt_ids)
-    run = api.start(target, prompt_ids, drafter, budget, config).run()
+    run = api.start(target, prompt_ids, drafter, budget, config)
+    try:
+        run.run()
+    except SpecvizError as error:  # e.g. a served target's server died: the rounds so far stay in the trace
+        if not args.trace or not run.rounds:
+            raise
+        run.stop_reason = "error"
+        summary = {**api.summary_for(run), "error": str(error)}
+        api.trace.write(args.trace, api.header_for(run, args.prompt, values["chat"]), run.rounds, summary)
+        raise SpecvizError(f"{error}; the {len(run.rounds)} rounds before it are in {args.trace}") from None
     baseline = api.plain_decode(target, prompt_ids, config) if args.baseline else None
     summary = api.summary_for(run, baseline)
     if args.trace:

@@ -1,22 +1,25 @@
-"""A target served by vLLM behind the ``Verifier`` seam (``specviz.engine.served``), greedy.
+"""A target served by vLLM behind the ``Verifier`` seam (``specviz.engine.served``), greedy; vLLM in ``specviz bench``
+(``specviz.bench.vllm_peer``).
 
-The fixture starts a real vLLM server (``python -m vllm.entrypoints.openai.api_server``) on 127.0.0.1 from the
-virtual environment named by ``SPECVIZ_VLLM_PYTHON`` (default ``/work/vllm-venv/bin/python``), serving a copy of the
-embedded default target's weights; the tests skip with a one-line reason where that is missing or does not start.
-Output through the served target must equal vLLM's own greedy completion of the same prompt."""
+The fixture starts a real vLLM server (``python -m vllm.entrypoints.openai.api_server``, by ``vllm_peer.start``) on
+127.0.0.1 from the Python ``vllm_env.python()`` finds (``SPECVIZ_VLLM_PYTHON``, a virtual environment built before,
+one built now with ``SPECVIZ_VLLM_BUILD=1``, or ``/work/vllm-venv``), serving a copy of the embedded default target's
+weights; the tests skip with a one-line reason where there is none or it does not start. Output through the served
+target must equal vLLM's own greedy completion of the same prompt."""
 
 from __future__ import annotations
 
 import json
 import os
-import pathlib
-import socket
-import subprocess
+import signal
+import threading
 import time
 
 import pytest
+import vllm_env
 
 from specviz import api
+from specviz.bench import vllm_peer
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import GenerationConfig
 from specviz.engine.sampling import SamplingConfig
@@ -24,9 +27,10 @@ from specviz.engine.served import ServedClient, ServedVerifier, check_tokenizer,
 from specviz.engine.tree import DraftTree
 from specviz.errors import SpecvizError
 
-VLLM_PYTHON = os.environ.get("SPECVIZ_VLLM_PYTHON", "/work/vllm-venv/bin/python")
 PROMPTS = ["Tell me a story.", "Write a Python function that reverses a string."]
 NEW = 32
+#: servers the tests start only to check behaviour skip vLLM's compilation (minutes on a few cores)
+EAGER = ("--compilation-config", '{"mode": 0}')
 
 
 def test_leaf_paths():
@@ -47,6 +51,61 @@ def test_sampling_and_features_refused_in_one_line():
         verifier.reserve(100, (3,), SamplingConfig())
 
 
+def test_the_apps_served_targets_are_the_operators(monkeypatch):
+    """``SPECVIZ_SERVED_TARGETS`` adds served targets to the app's target choice; a visitor cannot run any other
+    server's URL, and on a public Space the listed ones pass the allowlist."""
+    from specviz.models import policy
+    from specviz.ui import runner
+
+    listed = ["vllm:http://10.0.0.5:8000#big", "vllm:https://gpu.example/v1"]
+    monkeypatch.setenv("SPECVIZ_SERVED_TARGETS", " , ".join(listed))
+    assert runner.target_choices()[-2:] == listed
+    runner.RunRequest(prompt="hi", target=listed[0], drafter="ngram").validate()
+    with pytest.raises(SpecvizError, match="one of the operator's") as error:
+        runner.RunRequest(prompt="hi", target="vllm:http://10.0.0.9:1", drafter="ngram").validate()
+    assert "\n" not in str(error.value)
+    monkeypatch.setenv("SPACE_ID", "someone/space")
+    policy.check_allowed(listed[1])
+    with pytest.raises(SpecvizError, match="not allowed here"):
+        policy.check_allowed("vllm:http://10.0.0.9:1")
+    monkeypatch.setenv("SPECVIZ_SERVED_TARGETS", "http://10.0.0.5:8000")
+    with pytest.raises(SpecvizError, match="vllm:<base url>"):
+        runner.target_choices()
+    monkeypatch.delenv("SPECVIZ_SERVED_TARGETS")
+    with pytest.raises(SpecvizError, match="none is offered here"):
+        runner.RunRequest(prompt="hi", target=listed[0], drafter="ngram").validate()
+
+
+def test_bench_refuses_a_bad_vllm_option_before_loading(capsys, tmp_path):
+    from specviz.cli import main
+
+    for option, says in ((["--vllm-python", str(tmp_path / "no-python")], "is not a file"),
+                         (["--vllm-url", "127.0.0.1:8000"], "base URL")):
+        assert main(["bench", "--drafters", "ngram", "--quick", "--out", str(tmp_path / "out"), *option]) == 2
+        said = capsys.readouterr().err.strip()
+        assert says in said and len(said.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_which_vllm_the_tests_start(monkeypatch, tmp_path):
+    """``SPECVIZ_VLLM_PYTHON``, else a virtual environment built before, else (opt-in) one built now, else the
+    fallback; what cannot be had is one line, the skip reason."""
+    for name in ("SPECVIZ_VLLM_PYTHON", "SPECVIZ_VLLM_BUILD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SPECVIZ_VLLM_VENV", str(tmp_path / "venv"))
+    monkeypatch.setattr(vllm_env, "FALLBACK", tmp_path / "none" / "python")
+    found, why = vllm_env.python()
+    assert found is None and "SPECVIZ_VLLM_BUILD=1" in why and "\n" not in why
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / ".complete").write_text(vllm_env.PACKAGE)
+    assert vllm_env.python() == (str(tmp_path / "venv" / "bin" / "python"), "")
+    monkeypatch.setenv("SPECVIZ_VLLM_PYTHON", str(tmp_path / "missing"))
+    assert vllm_env.python() == (None, f"SPECVIZ_VLLM_PYTHON={tmp_path / 'missing'} is not a file")
+    (tmp_path / "file").write_text("")  # a venv cannot be made under a file: the build fails in one line
+    found, why = vllm_env.build(tmp_path / "file" / "venv")
+    assert found is None and why.startswith(f"could not build {vllm_env.PACKAGE}") and "\n" not in why
+
+
 def test_unreachable_server_is_one_line():
     with pytest.raises(SpecvizError, match="cannot reach"):
         ServedClient("http://127.0.0.1:9", timeout=2.0)
@@ -58,41 +117,37 @@ def target():
 
 
 @pytest.fixture(scope="module")
-def server(target, tmp_path_factory):
-    if not pathlib.Path(VLLM_PYTHON).exists():
-        pytest.skip(f"no vLLM virtual environment at {VLLM_PYTHON} (set SPECVIZ_VLLM_PYTHON)")
-    model_dir = tmp_path_factory.mktemp("served-model")
-    write_servable_copy(target, model_dir)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = open(model_dir / "server.log", "w")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "VLLM_CPU_KVCACHE_SPACE": "2"}
-    process = subprocess.Popen(
-        [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
-         "target", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+def vllm_python() -> str:
+    found, why = vllm_env.python()
+    if found is None:
+        pytest.skip(why)
+    return found
+
+
+@pytest.fixture(scope="module")
+def model_dir(target, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("served-model")
+    write_servable_copy(target, folder)
+    return folder
+
+
+def start_or_skip(python: str, model, log, **options) -> vllm_peer.Server:
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if process.poll() is not None:
-                pytest.skip(f"the vLLM server exited ({process.returncode}) while starting; see {model_dir}/server.log")
-            try:
-                client = ServedClient(url, timeout=60.0)
-                break
-            except SpecvizError:
-                if time.monotonic() > deadline:
-                    pytest.skip("the vLLM server did not start within 600 s")
-                time.sleep(1.0)
-        yield client
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        return vllm_peer.start(python, model, log=log, **options)
+    except SpecvizError as error:
+        pytest.skip(f"the vLLM server did not start: {error}")
+
+
+@pytest.fixture(scope="module")
+def server_process(vllm_python, model_dir):
+    started = start_or_skip(vllm_python, model_dir, model_dir / "server.log", timeout=600, extra=EAGER)
+    yield started
+    vllm_peer.stop(started)
+
+
+@pytest.fixture(scope="module")
+def server(server_process) -> ServedClient:
+    return ServedClient(server_process.url, "target", timeout=60.0)
 
 
 def vllm_greedy(client: ServedClient, prompt_ids: list[int], n: int) -> list[int]:
@@ -198,3 +253,153 @@ def test_each_round_records_what_the_server_did(server, target, route):
         assert computed == 1.0
     else:
         assert computed < 0.5
+    # the app shows the split where it shows the round's and the run's time split
+    from specviz.viz import panels
+    from specviz.viz.record import RunRecord
+
+    record = RunRecord(header={}, rounds=run.rounds)
+    split = panels.served_split(run.rounds)
+    assert split["server_ms"] == pytest.approx(sum(s["server_ms"] for s in splits) / len(splits))
+    assert "verify: server · transfer" in panels.metrics_html(record)
+    shown = panels.round_info_html(run.rounds[1])
+    assert f"server {splits[1]['server_ms']:.1f} ms" in shown and "prompt tokens recomputed" in shown
+
+
+def test_a_server_that_stops_answering_is_one_line(server_process):
+    """A stalled server (its front end stopped by SIGSTOP) is a one-line timeout, not a hang."""
+    client = ServedClient(server_process.url, "target", timeout=2.0)
+    os.kill(server_process.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SpecvizError, match="did not answer /v1/completions within 2 s") as error:
+            client.complete([[1, 2, 3]])
+        assert time.monotonic() - started < 30 and "\n" not in str(error.value)
+    finally:
+        os.kill(server_process.process.pid, signal.SIGCONT)
+    client.complete([[1, 2, 3]])  # and it answers again
+
+
+def test_a_server_that_dies_mid_run_keeps_the_rounds_so_far(vllm_python, model_dir, tmp_path, capsys):
+    """The server killed after a few rounds: the CLI says so in one line (exit 2) and the trace keeps the rounds
+    that were verified before it died."""
+    from specviz.cli import main
+
+    dying = start_or_skip(vllm_python, model_dir, tmp_path / "dying.log", timeout=600, extra=EAGER)
+    watcher = ServedClient(dying.url, "target", timeout=10.0)
+
+    def kill_after_a_few_rounds():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and watcher.counters().get("requests", 0) < 8:
+            time.sleep(0.05)
+        os.killpg(dying.process.pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=kill_after_a_few_rounds, daemon=True)
+    trace = tmp_path / "run.jsonl"
+    try:
+        thread.start()
+        code = main(["generate", "--target", f"vllm:{dying.url}#target", "--drafter", "ngram", "--prompt",
+                     PROMPTS[0], "--max-new-tokens", "2000", "--trace", str(trace)])
+    finally:
+        thread.join(timeout=60)
+        vllm_peer.stop(dying)
+    said = capsys.readouterr().err.strip()
+    assert code == 2 and len(said.splitlines()) == 1, said
+    assert "cannot reach the server" in said and f"rounds before it are in {trace}" in said
+    recorded = api.trace.read(trace)
+    assert recorded.rounds and recorded.summary["stop_reason"] == "error"
+    assert "cannot reach the server" in recorded.summary["error"]
+    assert recorded.summary["token_ids"] == [t for r in recorded.rounds for t in r.committed]
+
+
+def write_prompts(folder, count: int = 2):
+    path = folder / "prompts.jsonl"
+    lines = [{"question_id": i, "category": category, "turns": [text]}
+             for i, (category, text) in enumerate(zip(("writing", "coding"), PROMPTS[::-1][:count]))]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_bench_against_a_served_target(server, tmp_path, capsys):
+    """``bench --target vllm:<url>``: specviz's drafters verified on the server against the same server's plain
+    decoding through specviz, and vLLM's own plain decoding as a row whose greedy output equals specviz's; no
+    transformers rows, no verify-width table (the model is not here), vLLM's speculative rows left out in one line
+    without --vllm-python."""
+    from specviz.cli import main
+
+    out = tmp_path / "out"
+    assert main(["bench", "--target", f"vllm:{server.base_url}#target", "--drafters", "ngram", "--shapes", "chain",
+                 "--k", "3", "--prompts", str(write_prompts(tmp_path)), "--max-new-tokens", "24",
+                 "--out", str(out)]) == 0
+    said = capsys.readouterr().err
+    assert "transformers rows are left out" in said and "need --vllm-python" in said
+    results = json.loads((out / "results.json").read_text())
+    table = results["summary"]["table"]
+    assert set(table) == {"plain (specviz)", "ngram chain k=3", "vllm plain"}
+    for row in ("ngram chain k=3", "vllm plain"):
+        assert table[row]["overall"]["exact"] == 2, row  # the served greedy output is vLLM's own
+    assert results["verify_cost"] is None and "--no-hf" in results["command"]
+    runs = [r for r in results["runs"] if r["config"] == "vllm plain"]
+    assert len(runs) == 2 and all(r["tau"] == 1.0 and r["tokens_per_s"] > 0 for r in runs)
+    assert "## vLLM beside specviz" in (out / "results.md").read_text()
+
+
+def test_vllm_speculative_peers(vllm_python, server, target, tmp_path):
+    """vLLM's own n-gram decoding on a server of its own, interleaved with vLLM's plain decoding: its output equals
+    vLLM's plain greedy, its τ comes from the server's counters; SuffixDecoding, where this vLLM cannot run it,
+    leaves a row that says why in one line."""
+    from specviz.bench.prompts import load_prompts
+    from specviz.bench.report import overall_table, vllm_section
+    from specviz.bench.summary import add_rows, summarise
+
+    prompts = load_prompts(write_prompts(tmp_path))
+    config = GenerationConfig(max_new_tokens=24)
+    with vllm_peer.Session(target, python=vllm_python, url=server.base_url, logs=tmp_path / "logs",
+                           max_model_len=512, extra=EAGER) as session:
+        peers = session.plan(["ngram", "retrieval"], 3, {})
+        assert [p.name for p in peers] == ["vllm ngram k=3 n=3", "vllm suffix"]
+        assert peers[0].speculative == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                        "prompt_lookup_min": 1}
+        rows = session.run_peers(peers, {"target": target, "prompts": prompts, "config": config, "chat": True})
+    ngram = rows.suites["vllm ngram k=3 n=3"]
+    for sample in ngram.samples:
+        assert sample.result.token_ids == sample.reference  # vLLM's speculative output is its plain output
+        counted = sample.result.counters
+        assert counted["generated"] == sample.result.new_tokens
+        assert sample.result.forwards == sample.result.new_tokens - counted["accepted"]
+        assert counted["accepted"] <= counted["draft_tokens"] <= 3 * counted["drafts"]
+    suffix = next(spec for spec in rows.specs if spec.name == "vllm suffix")
+    if "vllm suffix" not in rows.suites:
+        assert suffix.note.startswith("did not run: ") and "\n" not in suffix.note
+    summary = summarise(ngram, True)  # its plain row is vLLM's plain decoding here
+    assert "| vllm ngram k=3 n=3 | " in "\n".join(vllm_section(summary, ngram))  # the counters' table
+    if "vllm suffix" not in rows.suites:
+        add_rows(summary, ngram, [suffix], rows.suites)
+        line = next(row for row in overall_table(summary) if row.startswith("| vllm suffix |"))
+        assert line.count("| – ") >= 6  # a row of dashes; the notes say why
+
+
+def test_the_app_ends_a_stalled_served_run_in_one_line(server_process, monkeypatch):
+    """In the app, a served run whose server stops answering (SIGSTOP, past ``SPECVIZ_SERVED_TIMEOUT``) ends as
+    failed with one line (the page raises it as its gr.Error), and its record keeps the rounds so far, with a summary
+    that says why, for the trace download."""
+    from specviz.ui import controller, runner
+
+    spec = f"vllm:{server_process.url}#target"
+    monkeypatch.setenv("SPECVIZ_SERVED_TARGETS", spec)
+    monkeypatch.setenv("SPECVIZ_SERVED_TIMEOUT", "3")
+    request = runner.RunRequest(prompt=PROMPTS[0], target=spec, drafter="ngram", max_new_tokens=200).validate()
+    live = controller.RunController().start(request)
+    deadline = time.monotonic() + 120
+    while len(live.record.rounds) < 3 and live.alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(live.record.rounds) >= 3, live.error
+    os.kill(server_process.process.pid, signal.SIGSTOP)
+    try:
+        live.join(60)
+    finally:
+        os.kill(server_process.process.pid, signal.SIGCONT)
+    assert live.outcome == controller.FAILED and "did not answer" in str(live.error)
+    assert "\n" not in str(live.error)
+    record = live.record
+    assert len(record.rounds) >= 3 and record.summary["stop_reason"] == "error"
+    assert "did not answer" in record.summary["error"] and record.summary["token_ids"] == record.token_ids

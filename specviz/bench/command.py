@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 
 from specviz import api, outputs, settings
-from specviz.bench import configs, machine, report, runners, verify_cost
+from specviz.bench import configs, machine, report, runners, verify_cost, vllm_peer
 from specviz.bench.prompts import DEFAULT_PROMPTS, BenchPrompt, categories_of, load_prompts, select
 from specviz.bench.suite import run_suite
-from specviz.bench.summary import OVERALL, summarise
+from specviz.bench.summary import OVERALL, add_rows, summarise
 from specviz.drafters import registry
+from specviz.engine.served import ServedTarget
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError
 from specviz.models import fast_forward
@@ -53,6 +54,13 @@ OPTIONS: tuple[Setting, ...] = (
             "confidence 0.4)", "transformers defaults", flags=("--hf-defaults",), ui=None),
     Setting("threads", int, None, "torch intra-op threads (default: torch's choice)", "threads",
             flags=("--threads",), low=1, high=1024, optional=True, ui=None),
+    Setting("vllm_python", str, None, "the Python of a virtual environment with vLLM: start vLLM servers of the same "
+            "weights for rows of vLLM's own plain decoding and its own speculative decoding beside specviz's drafters "
+            "(ngram, retrieval: suffix, model:<name>: draft model, eagle3), τ from vLLM's metrics", "vLLM Python",
+            flags=("--vllm-python",), optional=True, ui=None),
+    Setting("vllm_url", str, None, "a running vLLM server of the same model: its own plain decoding as a row "
+            "(default: a vllm: target's own server, else one started with --vllm-python)", "vLLM URL",
+            flags=("--vllm-url",), optional=True, ui=None),
 )
 
 
@@ -83,6 +91,11 @@ def _resolve(args: argparse.Namespace) -> None:
         registry.default_specs(args.values["target"])
     for spec in args.drafter_list:  # a bare name with nothing shipped for the target: now, not after its load
         registry.check_ready(spec, args.values["target"], where=" in --drafters")
+    if args.vllm_python is not None and not Path(args.vllm_python).is_file():
+        raise SpecvizError(f"--vllm-python {args.vllm_python} is not a file: give the Python of a virtual environment "
+                           f"with vLLM")
+    if args.vllm_url is not None and not args.vllm_url.startswith(("http://", "https://")):
+        raise SpecvizError(f"--vllm-url is a server's base URL, e.g. http://127.0.0.1:8000; got {args.vllm_url!r}")
 
 
 #: The verify-cost curve's name for the fast path on torch's own linear kernel, measured beside the thin kernel's.
@@ -149,9 +162,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     kwargs = {"device": values["device"]} if values["device"] else {}
     target = api.load_target(values["target"], target_forward=values["target_forward"], **kwargs)
+    served = isinstance(target, ServedTarget)
+    if served:
+        _served_rows(args, target)
     # transformers' reference rows, and the other side of the verify-cost comparison, run transformers' own forward
-    reference = target if target.forward == "hf" else api.load_target(values["target"], target_forward="hf",
-                                                                       **kwargs)
+    reference = target if target.forward in ("hf", "served") else api.load_target(
+        values["target"], target_forward="hf", **kwargs)
     drafters, precisions = _precision_drafters(args.drafter_list, args.draft_quant_list, target, values)
     specs = configs.build_specs(args.drafter_list, args.shape_list, budget, hf=args.hf, hf_defaults=args.hf_defaults,
                                 draft_vocab=values["draft_vocab"], draft_quants=precisions,
@@ -164,13 +180,25 @@ def run(args: argparse.Namespace) -> int:
     about = machine.describe()
     about["memory_bandwidth_gbs"] = machine.memory_bandwidth_gbs()
     about["matmul_gflops"] = machine.matmul_gflops()
-    print(f"bench: {len(prompts)} prompts x {len(specs)} configurations + plain between each; "
-          f"{values['max_new_tokens']} new tokens", file=sys.stderr)
-    suite = run_suite(target, prompts, specs, drafters, config, chat=values["chat"], reference=reference,
-                      log=lambda line: print(line, file=sys.stderr, flush=True))
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    encoded = [target.encode_prompt(p.text, chat=values["chat"]) for p in prompts]
+    with vllm_peer.Session(reference, python=args.vllm_python, url=args.vllm_url, log=log,
+                           logs=Path(args.out) / "vllm-logs",
+                           max_model_len=max(map(len, encoded)) + values["max_new_tokens"] + 64) as vllm:
+        if vllm.plain is not None:
+            specs.append(vllm_peer.plain_spec())
+        print(f"bench: {len(prompts)} prompts x {len(specs)} configurations + plain between each; "
+              f"{values['max_new_tokens']} new tokens", file=sys.stderr)
+        suite = run_suite(target, prompts, specs, drafters, config, chat=values["chat"], reference=reference,
+                          log=log, given={vllm_peer.PLAIN_NAME: vllm.run_plain} if vllm.plain is not None else None)
+        peers = vllm.run_peers(vllm.plan(args.drafter_list, budget.k, drafters),
+                               {"target": target, "prompts": prompts, "config": config, "chat": values["chat"],
+                                "log": log})
     # the verify-width curve over the longest prompt's context (the hardest case for a wide verify)
-    context = max((target.encode_prompt(p.text, chat=values["chat"]) for p in prompts), key=len)
+    context = max(encoded, key=len)
     try:
+        if served:
+            raise SpecvizError("a served target's forward runs on its server, not here")
         paths = {target.forward: target} | _library_path(target, reference) | (
             {} if reference is target else {"hf": reference})
         cost = verify_cost.compare_paths(paths, context, verify_cost.widths_for(max(args.k_list), budget.max_nodes),
@@ -181,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         cost = None
     about["load_average_end"] = machine.load_average()
     summary = summarise(suite, config.sampling.greedy)
+    suite = add_rows(summary, suite, peers.specs, peers.suites)
     meta = {
         "command": _command(args), "machine": about, "wall_s": suite.wall_s, "verify_cost": cost,
         "settings": {"target": values["target"], "target_forward": values["target_forward"],
@@ -200,6 +229,18 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(report.overall_table(summary)))
     print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return _exit_code(summary)
+
+
+def _served_rows(args: argparse.Namespace, target: ServedTarget) -> None:
+    """A served target runs specviz's rows through its server: no transformers rows (the model is not in this
+    process), and by default only the drafters that read no target hidden states."""
+    if args.hf:
+        print("bench: a served target's model is not in this process: the transformers rows are left out",
+              file=sys.stderr)
+        args.hf = args.hf_defaults = False
+    if args.drafters is None:
+        layers = target.config.num_hidden_layers
+        args.drafter_list = [spec for spec in args.drafter_list if not registry.family_of(spec).layers_for(layers)]
 
 
 def _exit_code(summary) -> int:

@@ -33,7 +33,7 @@ def _spread(spread: Spread | None, digits: int = 2, suffix: str = "") -> str:
 
 
 def _exact(stats: Stats) -> str:
-    return DASH if stats.exact is None else f"{stats.exact}/{stats.prompts}"
+    return DASH if stats.exact is None or not stats.prompts else f"{stats.exact}/{stats.prompts}"
 
 
 def _split(stats: Stats) -> str:
@@ -79,8 +79,9 @@ def per_position(summary: Summary, field: str) -> list[str]:
     return _table(["configuration", *(f"d={d}" for d in range(1, depth + 1))], rows)
 
 
-def markdown(summary: Summary, meta: dict) -> str:
-    """The report: settings, machine, the overall table, per-category tables, per-position acceptance, notes."""
+def markdown(summary: Summary, meta: dict, suite: SuiteResult | None = None) -> str:
+    """The report: settings, machine, the overall table, per-category tables, per-position acceptance, vLLM's rows
+    beside specviz's (with the per-run ``suite``), notes."""
     machine, settings = meta["machine"], meta["settings"]
     lines = [
         "# specviz benchmark", "",
@@ -114,6 +115,8 @@ def markdown(summary: Summary, meta: dict) -> str:
                           [[n, *(_num(getattr(summary.table[n][OVERALL], key), 3)
                                  for key in ("confidence_ece", "head_ece", "confidence_brier", "head_brier"))]
                            for n in calibrated]), ""]
+    if suite is not None:
+        lines += vllm_section(summary, suite)
     if meta.get("verify_cost"):
         lines += verify_cost_section(meta["verify_cost"])
     slower = [n for n in summary.rows[1:]
@@ -129,6 +132,59 @@ def markdown(summary: Summary, meta: dict) -> str:
             lines.append(f"- `{name}`: {spec.note}.")
     lines += [f"- {text}" for text in FORMULAS.values()]
     return "\n".join(lines) + "\n"
+
+
+def vllm_section(summary: Summary, suite: SuiteResult) -> list[str]:
+    """vLLM's own rows beside specviz's: τ per prompt for each drafter vLLM runs too (specviz's chain row and vLLM's),
+    and what vLLM's counters say of its drafting steps; nothing where the run has no vLLM rows."""
+    engines = {name: spec.engine for name, spec in summary.specs.items()}
+    peers = [name for name in summary.rows if engines.get(name) == "vllm"]
+    if not peers:
+        return []
+    lines = ["## vLLM beside specviz", "",
+             f"`{peers[0]}`'s speedup is vLLM's own tokens/s over specviz's plain decoding of the same model, "
+             "interleaved; vLLM's speculative rows run on a server of their own, interleaved with vLLM's plain "
+             "decoding, their speedup and exact against it. vLLM's τ is from its counters "
+             "(`FORMULAS[\"vllm_tau\"]`).", ""]
+    pairs = []
+    for name in peers:
+        drafter = summary.specs[name].drafter
+        mine = next((row for row in summary.rows if engines.get(row) == "specviz"
+                     and summary.specs[row].drafter == drafter and summary.specs[row].shape == "chain"), None)
+        if drafter is not None and mine is not None and summary.table[name][OVERALL].prompts:
+            pairs.append((mine, name))
+    if pairs:
+        tau = {(s.spec, s.prompt.question_id): sample_tau(s) for s in suite.samples}
+        names = [name for pair in pairs for name in pair]
+        rows = [[f"{p.prompt.category} #{p.prompt.question_id}", *(_num(tau.get((n, p.prompt.question_id)))
+                                                                 for n in names)] for p in suite.prompts]
+        rows.append(["all prompts (pooled)", *(_num(summary.table[n][OVERALL].tau) for n in names)])
+        lines += ["τ per prompt, specviz's chain and vLLM's own drafting of the same kind:", "",
+                  *_table(["prompt", *(f"τ {n}" for n in names)], rows), ""]
+    counted = {}
+    for name in peers:
+        totals: dict[str, int] = {}
+        for sample in suite.samples:
+            if sample.spec == name:
+                for key, value in sample.result.counters.items():
+                    totals[key] = totals.get(key, 0) + value
+        if totals.get("drafts"):
+            counted[name] = totals
+    if counted:
+        depth = max(sum(key.startswith("pos") for key in totals) for totals in counted.values())
+        rows = []
+        for name, totals in counted.items():
+            drafts = totals["drafts"]
+            rows.append([name, str(drafts), str(totals.get("draft_tokens", 0)), str(totals.get("accepted", 0)),
+                         _num(totals.get("accepted", 0) / drafts),
+                         _num(totals.get("accepted", 0) / totals["draft_tokens"] if totals.get("draft_tokens")
+                              else None),
+                         *(_num(totals[f"pos{d}"] / drafts) if f"pos{d}" in totals else DASH for d in range(depth))])
+        lines += ["vLLM's drafting steps by its counters (all prompts): accepted per drafting step, acceptance rate "
+                  "(accepted ÷ drafted tokens) and P(the draft at depth d accepted) per drafting step:", "",
+                  *_table(["row", "drafting steps", "drafted tokens", "accepted", "accepted per step", "acceptance",
+                           *(f"d={d + 1}" for d in range(depth))], rows), ""]
+    return lines
 
 
 def verify_cost_section(cost: dict) -> list[str]:
@@ -201,7 +257,7 @@ def write(out: Path, summary: Summary, suite: SuiteResult, meta: dict) -> dict[s
     """Write results.md and results.json into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "results.md", "json": out / "results.json"}
-    paths["markdown"].write_text(markdown(summary, meta), encoding="utf-8")
+    paths["markdown"].write_text(markdown(summary, meta, suite), encoding="utf-8")
     data = {**meta, "summary": summary.to_dict(), "prompts": prompts_json(suite), "runs": runs_json(suite)}
     paths["json"].write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     return paths

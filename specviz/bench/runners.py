@@ -31,6 +31,7 @@ class RunResult:
     rounds: list[Round] = field(default_factory=list)  # specviz runs only
     prefill_ms: float | None = None  # specviz runs only
     forwards: int | None = None  # target forwards (specviz: rounds; hf: counted with a hook; None if unknown)
+    counters: dict = field(default_factory=dict)  # vLLM peers: what its spec-decoding counters counted in this run
 
     @property
     def new_tokens(self) -> int:

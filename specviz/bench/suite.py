@@ -8,7 +8,7 @@ prompt so no configuration always follows the same one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from specviz.bench.configs import RunSpec
@@ -56,6 +56,8 @@ def make_runner(spec: RunSpec, target: Target, drafters: dict[str, Drafter], ref
     if spec.engine == "specviz":
         drafter = drafters[spec.drafter_key] if spec.drafter else None
         return lambda ids, config: run_specviz(target, ids, config, drafter, spec.budget if drafter else None)
+    if spec.engine != "hf":
+        raise SpecvizError(f"row {spec.name!r} runs on {spec.engine}, whose runs this suite was not given")
     target = reference or target
     if spec.drafter is None:  # plain generate, or a target drafting for itself (its MTP layers)
         return lambda ids, config: run_hf(target, ids, config, **spec.hf_kwargs)
@@ -101,17 +103,23 @@ def run_suite(
     chat: bool,
     log: Callable[[str], None] = lambda line: None,
     reference: Target | None = None,
+    given: Mapping[str, Runner] | None = None,
+    plain: Runner | None = None,
 ) -> SuiteResult:
     """Run every configuration on every prompt, interleaved with plain decoding; warm-up runs are not recorded.
 
-    Plain decoding and specviz's rows run on ``target``; transformers' rows on ``reference`` when given.
+    Plain decoding and specviz's rows run on ``target``; transformers' rows on ``reference`` when given. ``given``:
+    the timed call of rows specviz does not run itself (a vLLM server's), by row name; ``plain``: another engine's
+    plain decoding to interleave instead of specviz's (vLLM's own speculative rows against its own plain decoding).
     """
     encoded = [target.encode_prompt(p.text, chat=chat) for p in prompts]  # fails early on a bad prompt
     _check_lengths(target, prompts, encoded, config)
-    runners = {spec.name: make_runner(spec, target, drafters, reference) for spec in specs}
+    given = given or {}
+    runners = {spec.name: given.get(spec.name) or make_runner(spec, target, drafters, reference) for spec in specs}
     retrievers = [d for d in drafters.values() if isinstance(d, RetrievalDrafter)]
     memories = session_memories(target, prompts, encoded, config) if retrievers else []
-    plain: Runner = lambda ids, cfg: run_specviz(target, ids, cfg)  # noqa: E731
+    if plain is None:
+        plain = lambda ids, cfg: run_specviz(target, ids, cfg)  # noqa: E731
     warm = replace(config, max_new_tokens=min(WARM_UP_TOKENS, config.max_new_tokens))
     for run in (plain, *runners.values()):
         run(encoded[0], warm)

@@ -8,7 +8,7 @@ predicted speedup.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from specviz.bench.configs import RunSpec
@@ -29,7 +29,11 @@ FORMULAS = {
     "(rounds only: prefill excluded); median over prompts",
     "hf_tau": "Hugging Face rows: τ = new tokens ÷ target forward calls (counted with a hook; the first forward "
     "also does the prefill)",
-    "exact": "exact = prompts whose greedy output is token-identical to plain specviz decoding of the same prompt",
+    "exact": "exact = prompts whose greedy output is token-identical to plain specviz decoding of the same prompt "
+    "(vLLM's speculative rows: to vLLM's own plain decoding)",
+    "vllm_tau": "vLLM rows: τ = generated tokens ÷ target steps, steps = generated − accepted draft tokens by the "
+    "server's own counters (vllm:generation_tokens_total, vllm:spec_decode_num_accepted_tokens_total) read around "
+    "the request; the first step is the prefill, which vLLM drafts nothing for",
     "brier": "Brier score = mean over the calibration samples (`FORMULAS[\"calibration\"]`, the same pairs as the "
     "ECE) of (predicted c − realised)², realised = 1 if the node was accepted, else 0; 0 is perfect, 0.25 is a "
     "constant 0.5",
@@ -212,3 +216,27 @@ def summarise(suite: SuiteResult, greedy: bool) -> Summary:
                             for g in groups}
     return Summary(categories, [PLAIN_ROW, *(s.name for s in suite.specs)], {s.name: s for s in suite.specs}, table,
                    plain_noise(suite.prompts), greedy)
+
+
+def add_rows(summary: Summary, suite: SuiteResult, specs: Sequence[RunSpec],
+             suites: Mapping[str, SuiteResult]) -> SuiteResult:
+    """Rows run against another plain decoding (vLLM's own speculative rows, each in a suite of its own against vLLM's
+    plain decoding) added to ``summary`` after its rows, ``specs`` in order; a spec with no suite (it did not run)
+    gets a row of dashes. Returns the one suite of every sample, for the per-run outputs; its plain runs stay
+    ``suite``'s."""
+    groups = [*summary.categories, OVERALL]
+    samples = list(suite.samples)
+    wall = suite.wall_s
+    for spec in specs:
+        part = suites.get(spec.name)
+        summary.rows.append(spec.name)
+        summary.specs[spec.name] = spec
+        if part is None:
+            summary.table[spec.name] = {g: stats_for([], summary.greedy) for g in groups}
+            continue
+        mine = [s for s in part.samples if s.spec == spec.name]
+        summary.table[spec.name] = {g: stats_for([s for s in mine if g in (OVERALL, s.prompt.category)],
+                                                 summary.greedy) for g in groups}
+        samples += mine
+        wall += part.wall_s
+    return SuiteResult([*suite.specs, *specs], samples, suite.prompts, wall)

@@ -153,6 +153,9 @@ def measured(target: Target, widest: int) -> CostCurve:
     """``measure``'s curve up to ``widest`` tokens, timed once per machine and model and kept
     (``specviz.engine.timings``): the app builds a drafter per run, and every run must schedule on the same curve for
     the same seed and settings to give the same rounds."""
+    if target.model is None:  # a served target: its forward runs on the server, not here
+        raise SpecvizError(f"{target.name}'s forward runs on its server: its verify cost is not timed here, so a "
+                           f"schedule on it (ngram:auto, DSpark, hybrid) cannot run")
     curves = _CURVES.setdefault(target.model, {})
     if widest not in curves:
         key = {"model": timings.model_key(target.model), "forward": target.forward, "widest": widest}

@@ -22,6 +22,7 @@ for none and hit the cache, so the server recomputes only what lies past its las
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -78,6 +79,9 @@ class ServedClient:
                 from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
             reason = getattr(error, "reason", error)
+            if isinstance(reason, TimeoutError):
+                raise SpecvizError(f"the server at {self.base_url} did not answer {path} within {self.timeout:g} s "
+                                   f"(SPECVIZ_SERVED_TIMEOUT sets how long to wait)") from None
             raise SpecvizError(f"cannot reach the server at {self.base_url} ({path}): {reason}") from None
 
     def _request(self, path: str, body: dict | None = None) -> dict:
@@ -101,7 +105,7 @@ class ServedClient:
         """The server's own accounting (its Prometheus ``/metrics``), each of ``COUNTERS`` summed over its labels;
         the ones it does not export are absent."""
         try:
-            text = self._fetch("/metrics").decode()
+            text = self.metrics()
         except SpecvizError:  # a server without metrics: the rounds keep their wall time only
             return {}
         found: dict[str, float] = {}
@@ -112,14 +116,20 @@ class ServedClient:
                     found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         return found
 
+    def metrics(self) -> str:
+        """The server's Prometheus exposition (``/metrics``), as text."""
+        return self._fetch("/metrics").decode()
+
     def tokenize(self, text: str) -> list[int]:
         return self._request("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"]
 
     def complete(self, prompts: list[list[int]], *, max_tokens: int = 1, prompt_logprobs: int | None = None,
-                 logprobs: int = 1) -> dict:
+                 logprobs: int | None = 1, **options) -> dict:
+        """One ``/v1/completions`` request, greedy and to ``max_tokens`` unless ``options`` (more body fields) say
+        otherwise; ``logprobs=None`` asks for none."""
         body = {"model": self.model, "prompt": prompts, "max_tokens": max_tokens, "temperature": 0.0,
                 "logprobs": logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True,
-                "skip_special_tokens": False}
+                "skip_special_tokens": False, **options}
         if prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs
         return self._request("/v1/completions", body)
@@ -342,10 +352,26 @@ class ServedTarget(Target):
         return ServedVerifier(self.client, self.vocab_size, account=account)
 
 
-def open_target(spec: str, *, timeout: float = 120.0) -> ServedTarget:
+def served_timeout() -> float:
+    """How long to wait for one answer of the server, in seconds: ``SPECVIZ_SERVED_TIMEOUT``, else 120 (a round on a
+    busy CPU server takes seconds; a stalled one should not hold a run for ever)."""
+    text = os.environ.get("SPECVIZ_SERVED_TIMEOUT", "").strip()
+    if not text:
+        return 120.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise SpecvizError(f"SPECVIZ_SERVED_TIMEOUT is seconds to wait for the server, a positive number; got {text!r}")
+    return value
+
+
+def open_target(spec: str, *, timeout: float | None = None) -> ServedTarget:
     """``vllm:<base url>[#<model>]`` as a ``ServedTarget``: the server asked which model it serves (the first, unless
     ``#<model>`` names one) and where it loaded it from; the tokenizer and config read from there (a folder this
-    machine sees too, or a hub id), and checked against the server's own tokenizer. One line for each failure."""
+    machine sees too, or a hub id), and checked against the server's own tokenizer. One line for each failure.
+    ``timeout``: seconds to wait for each answer (default ``served_timeout()``)."""
     from transformers import AutoConfig
 
     from specviz.models.loader import load_tokenizer
@@ -356,7 +382,7 @@ def open_target(spec: str, *, timeout: float = 120.0) -> ServedTarget:
     if not url.startswith(("http://", "https://")):
         raise SpecvizError(f"a served target is vllm:<base url>[#<model>], e.g. vllm:http://127.0.0.1:8000; "
                            f"got {spec!r}")
-    client = ServedClient(url, model or None, timeout=timeout)
+    client = ServedClient(url, model or None, timeout=served_timeout() if timeout is None else timeout)
     root = client.root()
     try:
         config = AutoConfig.from_pretrained(root, trust_remote_code=trust_remote_code())

@@ -13,6 +13,7 @@ from specviz.errors import SpecvizError
 
 ALLOWLIST_ENV = "SPECVIZ_MODEL_ALLOWLIST"
 TRUST_REMOTE_CODE_ENV = "SPECVIZ_TRUST_REMOTE_CODE"
+SERVED_ENV = "SPECVIZ_SERVED_TARGETS"
 
 
 def trust_remote_code() -> bool:
@@ -38,9 +39,24 @@ def allowlist() -> list[str] | None:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def served_targets() -> list[str]:
+    """The served targets the operator offers in the app (``SPECVIZ_SERVED_TARGETS``: comma-separated
+    ``vllm:<base url>[#<model>]``), in order; the app's visitors pick from these and never type a URL. Allowed
+    wherever the allowlist applies too."""
+    entries = [item.strip() for item in os.environ.get(SERVED_ENV, "").split(",") if item.strip()]
+    for entry in entries:
+        if not entry.startswith(("vllm:http://", "vllm:https://")):
+            raise SpecvizError(f"{SERVED_ENV} lists vllm:<base url>[#<model>] entries, e.g. "
+                               f"vllm:http://127.0.0.1:8000; got {entry!r}")
+    return entries
+
+
 def check_allowed(spec: str, *aliases: str) -> None:
     """Raise a one-line error unless ``spec`` (or one of its aliases, such as a registry entry's location) is
-    allowlisted. Local paths go through ``check_allowed_path``."""
+    allowlisted, or a served target the operator lists (``served_targets``). Local paths go through
+    ``check_allowed_path``."""
+    if spec in served_targets():
+        return
     _check(spec, [spec, *aliases])
 
 

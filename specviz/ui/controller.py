@@ -113,6 +113,10 @@ class Producer:
         except Exception as error:  # reported in the page as one line
             _report(error)
             self.error = error
+            if self.record.rounds and self.record.summary is None:  # the rounds before it stay in the trace
+                self.record.stop_reason = "error"
+                self.record.summary = {**self.record.trace_summary(), "error": str(error).splitlines()[0]
+                                       if str(error) else type(error).__name__}
         finally:
             if stream is not None and hasattr(stream, "close"):
                 stream.close()

@@ -1,7 +1,8 @@
 """Playground tab: Run (streamed), Step (one round per click), Stop, and the full plain-decoding comparison.
 
-Its first screen is Run / Step / Stop and the settings panel's few lesson controls; the rest of the settings and
-the full plain run are under the panel's closed "Advanced" accordion (``settings.Settings.build``).
+Its first screen is Run / Step / Stop, the lesson scenarios (``scenario_picker``) and the settings panel's few lesson
+controls; the rest of the settings and the full plain run are under the panel's closed "Advanced" accordion
+(``settings.Settings.build``). The round view steps with its buttons or the keyboard (``RunView.wire_round_steps``).
 
 ``Callbacks`` take the visitor's ``Session`` from ``gr.State`` and return ``RunView`` updates. What runs, what it
 replaces and how it ended is the session's ``RunController``'s (``controller``): Run starts a run on its engine
@@ -19,10 +20,10 @@ import gradio as gr
 from specviz.errors import SpecvizError
 from specviz.settings import default
 from specviz.settings import get as declared
-from specviz.ui import alerts, controller, runner, settings, streaming
+from specviz.ui import alerts, controller, runner, scenario_picker, settings, streaming
 from specviz.ui.controller import SteppedRun, StreamedRun
 from specviz.ui.state import Session
-from specviz.ui.views import RunView
+from specviz.ui.views import RunView, stepped_index
 from specviz.viz import panels
 from specviz.viz.record import RunRecord
 
@@ -59,9 +60,11 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
     with gr.Row():
         with gr.Column(scale=4, min_width=320):
             with gr.Row():  # above the settings: the column is long, and Run is what a demo reaches for first
-                run_btn = gr.Button("Run", variant="primary", elem_id="run")
-                step_btn = gr.Button("Step", elem_id="step")
-                stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                # one row even on a phone (Gradio's default minimum width put each button on a line of its own)
+                run_btn = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
+                step_btn = gr.Button("Step", elem_id="step", min_width=80)
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+            picker = scenario_picker.build()
             panel = settings.Settings.build()
             with panel.advanced:  # the lossless check: a second run, not a lesson's first step
                 measure_btn = gr.Button("Measure plain decoding of this prompt (full side-by-side run)",
@@ -81,6 +84,8 @@ def build(session: gr.State, download: gr.DownloadButton) -> Playground:
                       api_name="measure_plain")
     view.round_slider.input(calls.pick_round, [session, view.round_slider], view.round_outputs,
                             trigger_mode="always_last", show_progress="hidden", queue=False)
+    view.wire_round_steps(calls.step_round, session)
+    scenario_picker.wire(picker, panel, view, session, cancels=[page.run_event])
     return page
 
 
@@ -155,6 +160,14 @@ class Callbacks:
             state.pinned = None if index is None or int(index) >= state.newest_shown else int(index)
         return self.view.render_round(record, index)
 
+    def step_round(self, state: Session, index: float | None, delta: int) -> dict:
+        """The previous or next round (its buttons, ← and →), picked as the slider picks one."""
+        record = state.record
+        if record is None or not record.rounds:
+            return {}
+        shown = stepped_index(index, delta, len(record.rounds))
+        return {self.view.round_slider: gr.update(value=shown), **self.pick_round(state, shown)}
+
     def _ended(self, state: Session, live: StreamedRun):
         """A run's last frame from its own callback: its result, or nothing where another callback draws its end."""
         record = live.record
@@ -189,8 +202,11 @@ class Callbacks:
         """Say what ended a run (status line and toast). One that failed before its first round leaves what was on
         show before it on show; one that failed midway keeps its rounds on show, unless ``drop``."""
         message = streaming.one_line(error)
-        if record.rounds:
-            yield self.view.render(None if drop else record, status=f"{midway}: {message}", level="error")
+        if record.rounds and not drop:  # its rounds so far stay on show, and in its trace (a server that died)
+            yield {**self.view.render(record, status=f"{midway}: {message}", level="error"),
+                   self.download: self._download(state, record)}
+        elif record.rounds:
+            yield self.view.render(None, status=f"{midway}: {message}", level="error")
         else:
             yield self.view.render(state.keep_previous(record), status=f"The run did not start: {message}",
                                    level="error")

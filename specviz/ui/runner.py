@@ -19,7 +19,9 @@ from specviz.drafters import registry
 from specviz.drafters.suffix_store import SessionMemory
 from specviz.engine import cost_curve
 from specviz.engine.round import Round
+from specviz.engine.served import is_served
 from specviz.errors import SpecvizError
+from specviz.models import policy
 from specviz.ui import zerogpu
 from specviz.viz import theory
 
@@ -55,6 +57,10 @@ class _Request:
             raise SpecvizError("the prompt is empty")
         if not self.target or not self.target.strip():
             raise SpecvizError("choose a target model")
+        served = policy.served_targets()
+        if is_served(self.target) and self.target.strip() not in served:  # a visitor never types a server's URL
+            raise SpecvizError(f"a served target is one of the operator's ({policy.SERVED_ENV}): "
+                               f"{', '.join(served) or 'none is offered here'}")
         registry.check_ready(self.drafter, self.target.strip())
         checked = self.values()
         # the checked values in their declared types (a number box's 4.0 is k = 4)
@@ -135,12 +141,14 @@ def drafter_menu(target: str) -> list[tuple[str, str]]:
 
 
 def target_choices() -> list[str]:
+    """The registry's targets, then the served ones the operator offers (``SPECVIZ_SERVED_TARGETS``)."""
     try:
         from specviz.models import list_models
 
-        return list_models(role="target")
+        local = list_models(role="target")
     except ImportError:
-        return [settings.default("target")]
+        local = [settings.default("target")]
+    return [*local, *policy.served_targets()]
 
 
 # ---- runs sharing the machine ---------------------------------------------------------------------------------
@@ -193,6 +201,8 @@ def verify_cost(target: api.Target, budget: api.DraftBudget) -> dict | None:
     (``specviz.viz.theory``): timed once per machine and model, after the run so its rounds are not slowed, then read
     back. None where it cannot be timed (the panel then says the curve is missing)."""
     widest = theory.widest(budget.k, budget.tree, budget.max_nodes)
+    if target.model is None:  # a served target: its forward is timed on the server, round by round
+        return None
     try:
         return cost_curve.measured(target, widest).to_dict()
     except (SpecvizError, RuntimeError) as error:

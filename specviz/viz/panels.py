@@ -51,7 +51,32 @@ def metrics_html(record: RunRecord | None) -> str:
         _card("draft · verify · overhead", f"{m.draft_ms:.1f} · {m.verify_ms:.1f} · {m.overhead_ms:.1f} ms",
               "overhead_ms"),
     ]
+    split = served_split(record.rounds)
+    if split is not None:  # a served target: the verify time is the server's own, the rest is the trip
+        cards.append(_card("verify: server · transfer", f"{split['server_ms']:.1f} · {split['transfer_ms']:.1f} ms",
+                           formula=SERVED_FORMULA))
+        cards.append(_card("prompt tokens recomputed", f"{split['recomputed_tokens']} of {split['prompt_tokens']}",
+                           formula=SERVED_FORMULA))
     return f'<div class="sv-cards">{"".join(cards)}</div>'
+
+
+#: what a served round's split says (``specviz.engine.served.server_split``)
+SERVED_FORMULA = ("served target: server ms = the server's own time for the round's request (its Prometheus latency "
+                  "counters), transfer ms = the rest of the verify wall time (HTTP, the server's front end, the "
+                  "network); recomputed = prompt tokens the server computed rather than read from its prefix cache; "
+                  "drafting stays local (draft ms)")
+
+
+def served_split(rounds: list[Round]) -> dict | None:
+    """Per-round means of a served target's server and transfer time, and the prompt tokens it recomputed in all;
+    None for a local target (or a served run recorded without the server's counters)."""
+    splits = [r.meta["served"] for r in rounds if "server_ms" in ((r.meta or {}).get("served") or {})]
+    if not splits:
+        return None
+    return {"server_ms": sum(s["server_ms"] for s in splits) / len(splits),
+            "transfer_ms": sum(s["transfer_ms"] for s in splits) / len(splits),
+            "recomputed_tokens": sum(s.get("recomputed_tokens", 0) for s in splits),
+            "prompt_tokens": sum(s.get("prompt_tokens", 0) for s in splits)}
 
 
 def speedup_html(record: RunRecord | None) -> str:
@@ -114,6 +139,11 @@ def round_info_html(round_: Round | None, total: int | None = None) -> str:
         f"<code>{escape(visible(round_.extra_text))}</code>",
         f"draft {round_.draft_ms:.1f} ms · verify {round_.verify_ms:.1f} ms · overhead {round_.other_ms:.1f} ms",
     ]
+    split = (round_.meta or {}).get("served") or {}
+    if "server_ms" in split:  # a served target's verify, split as the server accounts it
+        parts.append(f'<span title="{escape(SERVED_FORMULA)}">of the verify: server {split["server_ms"]:.1f} ms · '
+                     f'transfer {split["transfer_ms"]:.1f} ms · {split.get("recomputed_tokens", 0)} of '
+                     f'{split.get("prompt_tokens", 0)} prompt tokens recomputed</span>')
     return f'<div class="sv-roundinfo">{" · ".join(parts)}</div>'
 
 
