@@ -16,7 +16,9 @@ so a served target refuses it (one line, when the loop reserves it with the run'
 
 Cost. vLLM reads no prefix cache for a request that asks for prompt logprobs, so every round with a draft
 re-runs the whole context on the server (route ``prompt-logprobs``); route ``per-node`` and a round with no draft ask
-for none and hit the cache, so the server recomputes only what lies past its last cached block for each prompt.
+for none and hit the cache, so the server recomputes only what lies past its last cached block for each prompt (its
+KV block size: 128 tokens on vLLM's CPU backend unless ``--block-size`` says otherwise, vLLM's default of 16
+elsewhere).
 """
 
 from __future__ import annotations
