@@ -21,10 +21,32 @@ def test_estimate_is_the_mean_rate_and_quartiles_of_plain_token_times():
     assert spiked.tokens_per_s == pytest.approx(1e3 / 60)
     assert spiked.low == pytest.approx(1e3 / 60) and spiked.high == pytest.approx(1e3 / 20)  # holds the estimate
     assert baseline.estimate([]) is None and baseline.estimate([0.0]) is None
-    assert baseline.estimate([25.0]) == baseline.BaselineEstimate(40.0, 40.0, 40.0, 1)
+    assert baseline.estimate([25.0]) == baseline.BaselineEstimate(40.0, 40.0, 40.0, 1, samples_ms=(25.0,))
     assert baseline.BaselineEstimate.from_dict(est.to_dict()) == est
     assert baseline.BaselineEstimate.from_dict({"tokens_per_s": "x"}) is None
     assert baseline.BaselineEstimate.from_dict({**est.to_dict(), "low": -1}) is None
+    assert baseline.BaselineEstimate.from_dict({**est.to_dict(), "samples_ms": [10.0, "x"]}) is None
+    assert baseline.BaselineEstimate.from_dict({**est.to_dict(), "samples_ms": [10.0, -2.0]}) is None
+    older = {key: value for key, value in est.to_dict().items() if key != "samples_ms"}  # traces before the interval
+    assert baseline.BaselineEstimate.from_dict(older).samples_ms == ()
+
+
+def test_the_speedup_interval_resamples_both_sides():
+    """Rounds that all commit alike at one speed, and plain tokens all timed alike, leave no uncertainty; a run
+    whose rounds differ, or a plain side whose tokens differ, widens it around the run's own speedup; the draws are
+    seeded, so a replayed trace shows the interval it was shown with."""
+    steady = baseline.speedup_interval([2] * 10, [40.0] * 10, [25.0] * 8)
+    assert steady == (pytest.approx(1.25), pytest.approx(1.25))  # 2 tokens / 40 ms against 1 / 25 ms
+    tokens, ms = [1, 4, 1, 3, 2, 1, 4, 2, 1, 3], [30.0, 60.0, 28.0, 55.0, 40.0, 31.0, 62.0, 41.0, 29.0, 52.0]
+    plain = [24.0, 25.0, 26.0, 25.0, 40.0, 24.0, 25.0, 26.0]
+    low, high = baseline.speedup_interval(tokens, ms, plain)
+    speedup = sum(tokens) / sum(ms) * sum(plain) / len(plain)
+    assert low < speedup < high and high - low > 0.1
+    assert baseline.speedup_interval(tokens, ms, plain) == (low, high)  # seeded
+    narrow = baseline.speedup_interval(tokens, ms, plain, level=0.5)
+    assert low < narrow[0] < narrow[1] < high
+    assert baseline.speedup_interval([2], [40.0], plain) is None
+    assert baseline.speedup_interval(tokens, ms, [25.0]) is None
 
 
 def test_beyond_limit_flags_a_speedup_tau_cannot_explain():

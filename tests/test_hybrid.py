@@ -95,6 +95,26 @@ def test_the_model_catches_up_after_rounds_it_sat_out(setup):
     assert checked
 
 
+def test_drafting_costs_are_known_before_the_first_round(setup):
+    """The model's drafting cost is asked for once, for the run's budget, when the run begins: a budget timed for the
+    first time on a machine (half a second of throwaway drafting) never lands inside a round, nor do the budgets
+    capped to the tokens left near the end."""
+    targets, head = setup
+    target, budget = targets["hf"], DraftBudget(k=4)
+    asked: list[tuple[DraftBudget, int]] = []
+    drafter = hybrid(head, target)
+    run = Generation(target, REPEATING, GenerationConfig(max_new_tokens=30), drafter, budget)
+
+    def cost(asked_budget: DraftBudget) -> float:
+        asked.append((asked_budget, len(run.rounds)))
+        return 2.0
+
+    drafter.draft_cost = cost
+    run.run()
+    assert asked == [(budget, 0)]
+    assert any(r.meta["source"] == "eagle3" for r in run.rounds)
+
+
 def test_the_lookup_must_beat_the_model_rounds_rate():
     """Where the model's rounds commit more per ms than the lookup's best prefix would, the lookup stands aside."""
     rate = RoundRate(plain_ms=10.0)

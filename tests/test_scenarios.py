@@ -7,6 +7,7 @@ No model runs here: the scenarios open on recorded traces.
 
 from __future__ import annotations
 
+import os
 from html import escape
 
 import gradio as gr
@@ -173,3 +174,24 @@ def test_the_recorder_names_what_the_scenarios_open():
         "coding-smollm2-135m-draft-chain-long.jsonl"
     assert BY_KEY["draft-too-long"].trace == "coding-smollm2-135m-draft-chain-long.jsonl"
     assert runner.RunRequest(prompt="x", **examples.SHAPES["chain-long"]).validate().k == 12
+
+
+def test_a_busy_machine_is_what_other_work_uses_now(monkeypatch):
+    """The recorder's "not a quiet machine" note reads the CPU time other work used over a second while it waited,
+    not the load average (which also counts the recorder's own previous traces)."""
+    import threading
+    import time
+
+    from specviz.bench import machine
+    from specviz.ui import examples
+
+    stop = time.perf_counter() + 1.5
+    spinner = threading.Thread(target=lambda: [None for _ in iter(lambda: time.perf_counter() > stop, True)])
+    spinner.start()
+    busy = machine.busy_cores(seconds=1.0)
+    spinner.join()
+    assert busy is not None and 0.5 <= busy <= (os.cpu_count() or 1) + 0.01  # the spinning thread is other work
+    monkeypatch.setattr(machine, "busy_cores", lambda seconds=1.0: 0.2)
+    assert examples.busy_note(machine) == ""
+    monkeypatch.setattr(machine, "busy_cores", lambda seconds=1.0: 1.6)
+    assert examples.busy_note(machine).startswith("not a quiet machine (other work used 1.6 of")

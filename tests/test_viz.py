@@ -277,6 +277,7 @@ def test_a_baseline_measured_beside_the_run_comes_first_with_its_spread_and_its_
     assert (value, decode_only) == (100.0, True)
     assert "7 plain tokens" in source and "2 runs shared the machine" in source
     rate = 2 / 0.0115
+    # a trace without the plain tokens' times (older traces): the speedup at their quartiles
     assert rec.speedup_range() == (pytest.approx(rate / 125.0), pytest.approx(rate / 80.0))
     assert rec.speedup_text() == f"×{rate / 100:.2f} (×{rate / 125:.2f}–×{rate / 80:.2f})"  # τ 2: within reach
     assert not rec.speedup_beyond_limit()
@@ -287,6 +288,26 @@ def test_a_baseline_measured_beside_the_run_comes_first_with_its_spread_and_its_
     rec.header.update(type="header", schema=trace.SCHEMA, version=trace.VERSION)
     back = RunRecord.from_trace(trace.loads(rec.to_trace()))
     assert back.beside == rec.beside and back.speedup() == pytest.approx(rec.speedup())
+
+
+def test_a_live_speedups_interval_resamples_its_rounds_and_plain_tokens():
+    """With the plain tokens' times kept, the stated range is ``baseline.speedup_interval`` over the run's rounds
+    and those times: around the speedup, and the same after a trace round trip."""
+    from specviz.engine.baseline import estimate, speedup_interval
+
+    kept = [3, 0, 1, 2, 0, 3]
+    starts = [sum(kept[:i]) + i for i in range(len(kept))]  # each round commits its kept tokens and one more
+    rounds = [make_round([-1, 0, 1], [0, 1, 2][:n], index=i, start=starts[i]) for i, n in enumerate(kept)]
+    rec = record_of(rounds)
+    rec.beside = {**estimate([6.0, 6.6, 7.5, 6.3, 9.0, 6.0]).to_dict(), "runs_sharing": 1}
+    expected = speedup_interval([len(r.committed) for r in rounds], [r.total_ms for r in rounds],
+                                rec.beside["samples_ms"])
+    low, high = rec.speedup_range()
+    assert (low, high) == expected and low < rec.speedup() < high
+    assert rec.speedup_text() == f"×{rec.speedup():.2f} (×{low:.2f}–×{high:.2f})"
+    rec.header.update(type="header", schema=trace.SCHEMA, version=trace.VERSION)
+    back = RunRecord.from_trace(trace.loads(rec.to_trace()))
+    assert back.speedup_range() == (low, high)
 
 
 def test_record_trace_round_trip():

@@ -36,6 +36,27 @@ def load_average() -> list[float] | None:
         return None
 
 
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """Cores' worth of CPU time the machine spent busy over the next ``seconds`` while the caller sleeps (Linux's
+    /proc/stat): other work running now. The load average would also count the caller's own work of the last
+    minutes (a recorder's previous trace). None where /proc/stat cannot be read."""
+    def busy_and_total() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    try:
+        busy0, total0 = busy_and_total()
+        time.sleep(seconds)
+        busy1, total1 = busy_and_total()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (busy1 - busy0) / (total1 - total0) * (os.cpu_count() or 1)
+
+
 def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
     """Read bandwidth in GB/s: the best of ``repeats`` sums over a buffer far larger than any cache."""
     buffer = torch.ones(megabytes * (1 << 20) // 4)

@@ -90,6 +90,7 @@ class HybridDrafter(Drafter):
         self.source: str | None = None
         self.model_rate = RoundRate(lookup.schedule.cost(1))
         self._model_ms = 0.0  # the model round in flight: its draft time and verify cost so far
+        self._run_draft_ms: float | None = None  # the run budget's drafting cost, known before its first round
 
     def describe(self) -> dict:
         model = self.model.describe()
@@ -105,6 +106,10 @@ class HybridDrafter(Drafter):
         self.model.begin(prompt_ids, max_new_tokens, budget)
         self.source = None
         self.model_rate = RoundRate(self.lookup.schedule.cost(1))
+        # a budget's drafting cost is timed the first time a machine needs it (half a second): here, before the
+        # run's first round, not inside one of its rounds; the rounds near the end, whose budget is capped to the
+        # tokens left, are charged the run's budget (no more than they cost) rather than timing each capped one
+        self._run_draft_ms = self.draft_cost(budget) if budget is not None else None
 
     def observe(self, features: TargetFeatures) -> None:
         self.model.observe(features)
@@ -121,7 +126,8 @@ class HybridDrafter(Drafter):
             skipped = _skipped(tree.meta)
             self.source = self.model.name
             tree = self.model.propose(context, budget, sampling, generator)
-            self._model_ms = self.draft_cost(budget) + self.lookup.schedule.cost(1 + len(tree.tokens))
+            draft_ms = self.draft_cost(budget) if self._run_draft_ms is None else self._run_draft_ms
+            self._model_ms = draft_ms + self.lookup.schedule.cost(1 + len(tree.tokens))
             tree.meta["node_labels"] = model_labels(tree, self.model.name)
             if skipped:  # a match the lookup judged not worth verifying: the views say what it was worth
                 tree.meta["lookup_skipped"] = skipped

@@ -184,17 +184,18 @@ def machine_line(machine, note: str = "") -> str:
 
 
 def busy_note(machine) -> str:
-    """"not a quiet machine (load …)" when other work held at least half the cores as recording began, else ""; it
+    """"not a quiet machine (…)" when other work held at least half the cores as recording began (measured over a
+    second while the recorder waits; the load average would count the recorder's own previous traces), else ""; it
     names torch's thread count when that is fewer than the cores (fewer threads lose less to a busy machine)."""
     import torch
 
-    load = machine.load_average()
+    busy = machine.busy_cores()
     cores = os.cpu_count() or 1
-    if not load or load[0] < cores / 2:
+    if busy is None or busy < cores / 2:
         return ""
     threads = torch.get_num_threads()
     used = f", {threads} torch thread{'s' if threads > 1 else ''}" if threads < cores else ""
-    return f"not a quiet machine (load {load[0]:.1f} on {cores} cores{used})"
+    return f"not a quiet machine (other work used {busy:.1f} of {cores} cores{used})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from specviz.engine import metrics, trace
-from specviz.engine.baseline import BaselineEstimate, beyond_limit
+from specviz.engine.baseline import BaselineEstimate, beyond_limit, speedup_interval
 from specviz.engine.metrics import Metrics
 from specviz.engine.round import Round
 from specviz.viz.outcome import Outcome, node_outcomes
@@ -32,6 +32,7 @@ class RunRecord:
     source: str = "live"  # "live", "step" or "trace"
     name: str = ""  # trace file name, or a short description of a live run
     _metrics: tuple[tuple[int, bool], Metrics] | None = field(default=None, repr=False)
+    _interval: tuple[tuple, tuple[float, float] | None] | None = field(default=None, repr=False)
 
     # ---- derived -------------------------------------------------------------------------------------------
     @property
@@ -226,9 +227,17 @@ class RunRecord:
         return BaselineEstimate.from_dict(self.beside) if isinstance(self.beside, dict) else None
 
     def speedup_range(self) -> tuple[float, float] | None:
-        """The speedup at the fast and the slow quartile of the plain tokens timed beside the run (its uncertainty)."""
+        """The speedup's uncertainty (``baseline.speedup_interval``: its rounds and the plain tokens timed beside it,
+        resampled); from a trace without the plain tokens' times, the speedup at their fast and slow quartiles."""
         beside = self.beside_estimate
-        return beside.speedup_range(self.rate(decode_only=True)) if beside is not None else None
+        if beside is None:
+            return None
+        key = (len(self.rounds), beside.samples_ms)
+        if self._interval is None or self._interval[0] != key:
+            interval = speedup_interval([len(r.committed) for r in self.rounds], [r.total_ms for r in self.rounds],
+                                        beside.samples_ms)
+            self._interval = (key, interval)
+        return self._interval[1] or beside.speedup_range(self.rate(decode_only=True))
 
     def speedup_beyond_limit(self) -> bool:
         """A speedup larger than tau allows (``engine.baseline.beyond_limit``): the two rates saw different loads."""
