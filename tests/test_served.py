@@ -223,6 +223,34 @@ def test_generate_against_a_served_target(server, target, capsys):
         assert says in said and len(said.splitlines()) == 1
 
 
+def test_auto_switches_routes_at_one_and_a_half_of_the_servers_blocks():
+    """``auto`` sends one prompt per row from 1.5 KV blocks of committed context: the server's block size as its
+    /metrics says (vLLM's cache_config_info), else the 192 tokens measured with vLLM CPU's 128-token blocks."""
+    from specviz.engine.served import block_size_of
+
+    metrics = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+               'vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0"} 1.0\n')
+    assert block_size_of(metrics) == 32
+    assert block_size_of(metrics.replace('engine="0"', 'engine="0",hash_block_size="64"')) == 64  # where hits land
+    assert block_size_of(metrics.replace('engine="0"', 'engine="0",hash_block_size="None"')) == 32
+    assert block_size_of(metrics.replace('"32"', '"None"')) is None and block_size_of("vllm:x 1") is None
+
+    class Client(ServedClient):
+        def __init__(self, text: str | None):
+            self.model, self.text, self._block_size, self.reads = "m", text, None, 0
+
+        def metrics(self) -> str:
+            self.reads += 1
+            if self.text is None:
+                raise SpecvizError("no /metrics")
+            return self.text
+
+    for text, threshold in ((metrics, 48), (metrics.replace('"32"', '"16"'), 24), ("", 192), (None, 192)):
+        client = Client(text)
+        verifier = ServedVerifier(client, 64)
+        assert verifier.per_node_from == threshold and verifier.per_node_from == threshold and client.reads == 1
+
+
 def test_server_split_reads_the_counters_deltas():
     from specviz.engine.served import server_split
 

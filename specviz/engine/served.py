@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -66,6 +67,7 @@ class ServedClient:
             self.base_url = self.base_url[: -len("/v1")]
         self.timeout = timeout
         self.model = model or self.models()[0]
+        self._block_size: tuple[int | None] | None = None  # (the server's block size,) once read
 
     def _fetch(self, path: str, body: dict | None = None) -> bytes:
         """``path``'s raw answer (a POST of ``body`` as JSON when given); every failure one line."""
@@ -122,6 +124,15 @@ class ServedClient:
         """The server's Prometheus exposition (``/metrics``), as text."""
         return self._fetch("/metrics").decode()
 
+    def block_size(self) -> int | None:
+        """The server's KV cache block size (``vllm:cache_config_info``), read once; None where it does not say."""
+        if self._block_size is None:
+            try:
+                self._block_size = (block_size_of(self.metrics()),)
+            except SpecvizError:  # a server without metrics
+                self._block_size = (None,)
+        return self._block_size[0]
+
     def tokenize(self, text: str) -> list[int]:
         return self._request("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"]
 
@@ -135,6 +146,18 @@ class ServedClient:
         if prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs
         return self._request("/v1/completions", body)
+
+
+def block_size_of(metrics: str) -> int | None:
+    """The granularity of the server's prefix-cache hits from vLLM's ``vllm:cache_config_info`` gauge in a
+    ``/metrics`` text: its ``hash_block_size`` label where that is a whole number, else its ``block_size``."""
+    for line in metrics.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            for label in ("hash_block_size", "block_size"):
+                found = re.search(rf'[{{,]{label}="(\d+)"', line)
+                if found and int(found[1]) > 0:
+                    return int(found[1])
+    return None
 
 
 #: what a round's record says the server did: key -> (vLLM metric, a label its sample must carry)
@@ -194,8 +217,10 @@ class ServedVerifier(Verifier):
     ROUTES = ("prompt-logprobs", "per-node")
     #: below this many committed tokens ``auto`` sends prompt logprobs (one prompt per leaf: less per-request work),
     #: from it one prompt per row (vLLM reads its prefix cache only without prompt logprobs, so past a short
-    #: context that saves more than the extra prompts cost; BENCHMARKS.md, "A target served by vLLM")
+    #: context that saves more than the extra prompts cost): measured at 192 with vLLM CPU's 128-token KV blocks
+    #: (docs/bench-log/served-01.md), so one and a half of the server's blocks where it says its block size, else 192
     AUTO_PER_NODE_FROM = 192
+    AUTO_PER_NODE_BLOCKS = 1.5
 
     def __init__(self, client: ServedClient, vocab_size: int, *, top_k: int = 1, route: str = "auto",
                  account: bool = True):
@@ -213,6 +238,16 @@ class ServedVerifier(Verifier):
         self.tokens: list[int] = []
         self.stats = ServedStats()
         self._tree: tuple[int, DraftTree] | None = None
+        self._per_node_from: int | None = None
+
+    @property
+    def per_node_from(self) -> int:
+        """Committed tokens from which ``auto`` sends one prompt per row (see ``AUTO_PER_NODE_FROM``)."""
+        if self._per_node_from is None:
+            block = self.client.block_size()
+            self._per_node_from = (self.AUTO_PER_NODE_FROM if block is None
+                                   else round(self.AUTO_PER_NODE_BLOCKS * block))
+        return self._per_node_from
 
     def reserve(self, positions: int, layers: tuple[int, ...], sampling: SamplingConfig) -> None:
         if not sampling.greedy:
@@ -237,7 +272,7 @@ class ServedVerifier(Verifier):
                                f"{len(self.tokens)} kept")
         self._tree = (pending_token, tree)
         context = [*self.tokens, pending_token]
-        if self.route == "per-node" or (self.route == "auto" and len(context) >= self.AUTO_PER_NODE_FROM):
+        if self.route == "per-node" or (self.route == "auto" and len(context) >= self.per_node_from):
             self.last_route = "per-node"
             return self._verify_per_node(tree, context)
         self.last_route = "prompt-logprobs"

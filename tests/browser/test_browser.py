@@ -617,12 +617,13 @@ def test_two_sessions_generate_at_once(server, browser):
         first.wait_status("Done")
         shown = first.page.inner_text("#speedup")
         stated = re.search(r"×([\d.]+) \(×([\d.]+)–×([\d.]+)\)", shown)
-        assert "shared the machine" not in shown and stated, shown
+        assert "shared the machine" not in shown and "beyond what τ allows" not in shown and stated, shown
         request = runner.RunRequest(prompt=RAINBOW, max_new_tokens=SOLO_TOKENS,
                                     drafter=registry.default_for("smollm2-135m")).validate()
         with threads(int(os.environ.get("OMP_NUM_THREADS", "1"))):
             bench = bench_speedup(request)
         low, high = float(stated[2]), float(stated[3])
+        print(f"solo run: page {stated[0]}, the bench's figure ×{bench:.2f}")  # BENCHMARKS.md quotes it (-s)
         assert low - 0.005 <= bench <= high + 0.005, (shown, bench)  # the page rounds to two decimals
     finally:
         first.close()
