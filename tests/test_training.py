@@ -15,7 +15,7 @@ from specviz.errors import SpecvizError
 from specviz.models import check_same_tokenizer, clear_cache, load_model
 from specviz.training.batches import make_batch
 from specviz.training.cli import main
-from specviz.training.data import split_prompts
+from specviz.training.data import positions_subset, split_prompts
 from specviz.training.evaluate import chain_tau, evaluate_agreement
 from specviz.training.export import main as export_main
 from specviz.training.features import FeatureSet, extract_features
@@ -112,6 +112,23 @@ def test_more_prompts_later_answer_and_extract_only_their_own_shards(tiny_target
     other = data.answers(tiny_target, prompts, data.DataPlan(sources=[], gen_tokens=4, gen_batch=4, layers=(0,)),
                          tmp_path, "answers", log=lambda _: None)
     assert calls == {"answer": 3, "hidden": 3} and other.input_ids.tolist() == more.input_ids.tolist()
+
+
+def test_a_positions_subset_is_seeded_nested_and_big_enough():
+    """A data-scaling curve's sizes: each subset holds at least the asked positions, the smaller one is part of the
+    larger, the same seed picks the same sequences, and asking for more than there is keeps everything."""
+    lengths = [5, 9, 3, 12, 7, 4, 8, 6, 10, 2]
+    sequences = [list(range(n)) for n in lengths]
+    data = FeatureSet(torch.cat([torch.tensor(s) for s in sequences]),
+                      torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]),
+                      torch.ones(sum(lengths), dtype=torch.bool), torch.zeros(sum(lengths), 2, dtype=torch.long),
+                      torch.ones(sum(lengths), 2) / 2, categories=[f"c{i}" for i in range(len(lengths))])
+    small, large = positions_subset(data, 15, seed=0), positions_subset(data, 40, seed=0)
+    assert 15 <= int(small.loss_mask.sum()) < 15 + max(lengths) and int(large.loss_mask.sum()) >= 40
+    assert set(small.categories) < set(large.categories)
+    assert positions_subset(data, 15, seed=0).categories == small.categories
+    assert positions_subset(data, 15, seed=1).categories != small.categories
+    assert positions_subset(data, 10_000, seed=0).num_sequences == data.num_sequences
 
 
 def test_chain_tau_counts_the_bonus_token():
@@ -285,6 +302,7 @@ def test_cli_end_to_end_exports_a_loadable_fp16_drafter(tmp_path):
     (["--threads", "0"], "--threads must be 1 or more"),
     (["--threads", "-1"], "--threads must be 1 or more"),
     (["--steps", "-1"], "--steps must be 0 or more"),
+    (["--train-positions", "-5"], "--train-positions must be 0 or more"),
     (["--batch-size", "-3"], "--batch-size must be 1 or more"),
     (["--lr", "nan"], "--lr must be a positive number"),
     (["--out", "{file}/run"], "--out"),

@@ -24,6 +24,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_arguments(parser)
     parser.add_argument("--out", required=True, help="run folder: checkpoints, metrics, final model")
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--train-positions", type=int, default=0,
+                        help="train on a seeded subset of the training sequences holding at least this many trained "
+                        "positions (0: all); a smaller size's subset is part of every larger one's and the held-out "
+                        "sets stay the same, so runs at several sizes make a data-scaling curve")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=50)

@@ -20,7 +20,7 @@ import torch
 from specviz import outputs
 from specviz.errors import SpecvizError
 from specviz.training.arguments import DESCRIPTION, add_data_arguments, add_train_arguments, build_parser
-from specviz.training.data import MIN_WINDOW, DataPlan, build_data
+from specviz.training.data import MIN_WINDOW, DataPlan, build_data, positions_subset
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
 from specviz.training.trainers import TrainConfig, fit, get_trainer, warm_start
@@ -109,6 +109,8 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     plan = _plan(args, topk=request.topk, layers=request.layers)
     data = build_data(_inference_view(target), plan, args.cache_dir, log)
     train_set, heldout = data.train, data.heldout
+    if args.train_positions:
+        train_set = positions_subset(train_set, args.train_positions, args.seed)
     data_seconds = time.perf_counter() - started
     log(f"data ready in {data_seconds:.0f}s: {train_set.num_sequences} train sequences "
         f"({int(train_set.loss_mask.sum())} trained positions), {heldout.num_sequences} held-out answers")
@@ -235,9 +237,9 @@ def trainer_options(trainer_cls, pairs: list[str]) -> dict:
 
 
 #: The train options that must be whole numbers of at least this much (checked before any data stage).
-AT_LEAST = {"steps": 0, "batch_size": 1, "seq_len": MIN_WINDOW, "warmup": 0, "save_every": 1, "log_every": 1,
-            "prompts": 0, "extra_prompts": 0, "eval_prompts": 0, "gen_tokens": 1, "gen_batch": 1, "corpus_tokens": 0,
-            "stdlib_files": 0, "topk": 1, "threads": 1, "hidden": 1, "layers": 1}
+AT_LEAST = {"steps": 0, "train_positions": 0, "batch_size": 1, "seq_len": MIN_WINDOW, "warmup": 0, "save_every": 1,
+            "log_every": 1, "prompts": 0, "extra_prompts": 0, "eval_prompts": 0, "gen_tokens": 1, "gen_batch": 1,
+            "corpus_tokens": 0, "stdlib_files": 0, "topk": 1, "threads": 1, "hidden": 1, "layers": 1}
 
 
 def run_folder(path, *, resume: bool) -> Path:

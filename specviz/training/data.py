@@ -78,6 +78,20 @@ def split_prompts(prompts: list[Prompt], eval_count: int, seed: int) -> tuple[li
     return [prompts[i] for i in train], [prompts[i] for i in held]
 
 
+def positions_subset(data: FeatureSet, positions: int, seed: int) -> FeatureSet:
+    """A seeded subset of ``data``'s sequences holding at least ``positions`` trained positions (all of it when it
+    holds fewer): a prefix of one seeded order, so a smaller subset is part of every larger one."""
+    order = list(range(data.num_sequences))
+    random.Random(seed + 3).shuffle(order)
+    kept, total = [], 0
+    for i in order:
+        if total >= positions:
+            break
+        kept.append(i)
+        total += int(data.loss_mask[data.sequence(i)].sum())
+    return data.subset(sorted(kept))
+
+
 def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str, log=print, *,
             temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> FeatureSet:
     """The target's answers to ``prompts`` with top-k (greedy, or sampled at ``temperature``), in cached shards;
