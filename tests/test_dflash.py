@@ -29,6 +29,7 @@ from specviz.drafters import dflash_layouts as layouts
 from specviz.drafters.checkpoint_files import TargetShape, read_config, read_tensors
 from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash import (
+    FORMAT,
     GREEDY_CALIBRATION_KEY,
     SMOLLM2_MASK_TOKEN_ID,
     DFlashBackbone,
@@ -631,9 +632,9 @@ def test_every_published_config_is_recognised_and_read():
     assert set(files) == set(PUBLISHED), "a layout file was added or renamed: list it here"
     for name, dialect in PUBLISHED.items():
         config = _published(name)
-        assert layouts.FORMAT.layout_of(config).name == dialect
+        assert FORMAT.layout_of(config).name == dialect
         shape = TargetShape(config["hidden_size"], config["num_target_layers"], config["vocab_size"])
-        spec = layouts.FORMAT.spec_of(config, shape)
+        spec = FORMAT.spec_of(config, shape)
         ids = config["dflash_config"]["target_layer_ids"]
         assert spec.feature_layers == tuple(i + 1 for i in ids)
         assert spec.block_size == config["block_size"]
@@ -646,12 +647,12 @@ def test_every_published_config_is_recognised_and_read():
             assert spec.markov_rank == 256 and spec.markov_type == "vanilla"
             assert spec.confidence_head and spec.confidence_with_markov
         for wrong in (SMOLLM2, replace(shape, vocab_size=shape.vocab_size + 1), replace(shape, num_layers=30)):
-            got, reason = layouts.FORMAT.verdict(config, wrong)
+            got, reason = FORMAT.verdict(config, wrong)
             assert got == dialect and reason is not None and "\n" not in reason
-    qwen8 = layouts.FORMAT.spec_of(_published("dflash__sgl-project__SpecForge__configs_qwen3-8b-dflash.json"), QWEN3_8B)
+    qwen8 = FORMAT.spec_of(_published("dflash__sgl-project__SpecForge__configs_qwen3-8b-dflash.json"), QWEN3_8B)
     assert qwen8.feature_layers == (2, 10, 18, 26, 34) and qwen8.mask_token_id == 151669
     big = _published("dspark__sgl-project__SpecForge__configs_qwen3.6-27b-dspark.json")
-    assert layouts.FORMAT.spec_of(big, TargetShape(5120, 64, 248320)).feature_layers == (3, 18, 33, 48, 63)
+    assert FORMAT.spec_of(big, TargetShape(5120, 64, 248320)).feature_layers == (3, 18, 33, 48, 63)
 
 
 def test_deepspec_top_level_config_and_zlab_variants():
@@ -661,14 +662,14 @@ def test_deepspec_top_level_config_and_zlab_variants():
     deepspec = {k: v for k, v in source.items() if k not in ("dflash_config", "auto_map")}
     deepspec.update({k: v for k, v in source["dflash_config"].items() if k not in ("projector_type",)})
     deepspec["architectures"] = ["Qwen3DSparkModel"]
-    assert layouts.FORMAT.layout_of(deepspec).name == "deepspec"
-    assert layouts.FORMAT.spec_of(deepspec, QWEN3_8B) == layouts.FORMAT.spec_of(source, QWEN3_8B)
+    assert FORMAT.layout_of(deepspec).name == "deepspec"
+    assert FORMAT.spec_of(deepspec, QWEN3_8B) == FORMAT.spec_of(source, QWEN3_8B)
     zlab = _published("dflash__sgl-project__SpecForge__configs_qwen3-8b-dflash.json")
     nested = {**{k: v for k, v in zlab.items() if k != "block_size"},
               "dflash_config": {**zlab["dflash_config"], "block_size": 10}}
-    assert layouts.FORMAT.spec_of(nested, QWEN3_8B).block_size == 10
+    assert FORMAT.spec_of(nested, QWEN3_8B).block_size == 10
     no_ids = {**zlab, "dflash_config": {"mask_token_id": 151669}}
-    assert layouts.FORMAT.spec_of(no_ids, QWEN3_8B).feature_layers == (2, 10, 18, 26, 34)
+    assert FORMAT.spec_of(no_ids, QWEN3_8B).feature_layers == (2, 10, 18, 26, 34)
     refusals = {"gated": ({**deepspec, "markov_head_type": "gated"}, "'gated' Markov head is not supported"),
                 "unknown": ({**deepspec, "markov_head_type": "lstm"}, "unknown Markov head type 'lstm'"),
                 "final norm": ({**deepspec, "target_layer_ids": [1, 35]}, r"hidden_states\[36\] is after"),
@@ -679,7 +680,7 @@ def test_deepspec_top_level_config_and_zlab_variants():
                 "not dflash": ({"architectures": ["LlamaForCausalLM"]}, "not a DFlash or DSpark")}
     for name, (config, message) in refusals.items():
         with pytest.raises(SpecvizError, match=message) as error:
-            layouts.FORMAT.spec_of(config, QWEN3_8B)
+            FORMAT.spec_of(config, QWEN3_8B)
         assert "\n" not in str(error.value), name
 
 
@@ -701,7 +702,7 @@ def test_our_drafters_resaved_in_each_layout_draft_identically(tmp_path, setup):
     for index, (model, layout) in enumerate(variants(models)):
         folder = save_drafter(model, tmp_path / f"{index}-{layout}", target_name="tiny", layout=layout)
         config = read_config(folder)
-        assert layouts.FORMAT.layout_of(config).name == layout
+        assert FORMAT.layout_of(config).name == layout
         loaded = load_drafter(folder, target.model)
         assert loaded.spec == model.spec, layout
         budget = DraftBudget(tree=True, width=3, depth=4, max_nodes=8) if model.spec.kind == "dflash" else \
@@ -877,7 +878,7 @@ def test_spec_round_trip_state_names_and_borrowed_tensors(setup):
     for model in models.values():
         spec = model.spec
         assert layouts.BlockSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
-        assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == layouts.expected_shapes(spec)
+        assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == FORMAT.expected_shapes(spec)
         assert not any("embed" in k or "lm_head" in k for k in model.state_dict())
     before = models["dflash"]._rope[0].clone()
     copy_model(models["dflash"], targets["hf"].model).to(torch.float16)

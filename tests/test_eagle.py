@@ -22,6 +22,7 @@ from specviz.drafters import eagle_layouts as layouts
 from specviz.drafters import registry
 from specviz.drafters.checkpoint_files import TargetShape, read_config, read_tensors
 from specviz.drafters.eagle import (
+    FORMAT,
     EagleDrafter,
     EagleHead,
     build_head,
@@ -258,17 +259,17 @@ def test_layer_id_conventions_of_the_dialects():
     base = {**_adapted_llama(SMOLLM2), "draft_vocab_size": 4096}
     specforge = {**base, "architectures": ["LlamaForCausalLMEagle3"],
                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}}
-    assert layouts.FORMAT.spec_of(specforge, SMOLLM2).feature_layers == (2, 15, 27)
+    assert FORMAT.spec_of(specforge, SMOLLM2).feature_layers == (2, 15, 27)
     top_level = {**base, "architectures": ["LlamaForCausalLMEagle3"], "eagle_aux_hidden_state_layer_ids": [1, 14, 26]}
-    assert layouts.FORMAT.spec_of(top_level, SMOLLM2).feature_layers == (2, 15, 27)
+    assert FORMAT.spec_of(top_level, SMOLLM2).feature_layers == (2, 15, 27)
     speculators = _speculators_config(base, ids=[2, 15, 27])
-    assert layouts.FORMAT.spec_of(speculators, SMOLLM2).feature_layers == (2, 15, 27)
+    assert FORMAT.spec_of(speculators, SMOLLM2).feature_layers == (2, 15, 27)
     official = {**base, "architectures": ["LlamaForCausalLM"]}
-    assert layouts.FORMAT.spec_of(official, SMOLLM2).feature_layers == (2, 15, 27)
+    assert FORMAT.spec_of(official, SMOLLM2).feature_layers == (2, 15, 27)
     with pytest.raises(SpecvizError, match="ambiguous"):
-        layouts.FORMAT.spec_of({**official, "eagle_aux_hidden_state_layer_ids": [2, 15, 27]}, SMOLLM2)
+        FORMAT.spec_of({**official, "eagle_aux_hidden_state_layer_ids": [2, 15, 27]}, SMOLLM2)
     with pytest.raises(SpecvizError, match=r"hidden_states\[30\] is after the final norm"):
-        layouts.FORMAT.spec_of(_speculators_config(base, ids=[2, 15, 30]), SMOLLM2)
+        FORMAT.spec_of(_speculators_config(base, ids=[2, 15, 30]), SMOLLM2)
 
 
 # ---- sampling: the output distribution is the target's -----------------------------------------------------------
@@ -359,13 +360,13 @@ def test_every_published_eagle_config_is_recognised_and_judged():
     for path in files:
         config = json.loads(path.read_text())
         for shape in (TINY, SMOLLM2):
-            dialect, reason = layouts.FORMAT.verdict(config, shape)
+            dialect, reason = FORMAT.verdict(config, shape)
             assert dialect == EXPECTED_DIALECT[path.name]
             assert reason is not None and reason.startswith("hidden size mismatch") and "\n" not in reason, reason
         # the same config reshaped for the tiny target is accepted, and its dialect's fields are read
         adapted = _reshaped(config, TINY)
-        assert layouts.FORMAT.verdict(adapted, TINY) == (EXPECTED_DIALECT[path.name], None)
-        spec = layouts.FORMAT.spec_of(adapted, TINY)
+        assert FORMAT.verdict(adapted, TINY) == (EXPECTED_DIALECT[path.name], None)
+        spec = FORMAT.spec_of(adapted, TINY)
         if spec.kind == "eagle":
             assert spec.fc_bias == config.get("bias", True)  # EAGLE-1's loader: bias on unless the config says no
             assert spec.feature_layers == (TINY.num_layers,) and not spec.logits_norm
@@ -376,10 +377,10 @@ def test_every_published_eagle_config_is_recognised_and_judged():
                           .read_text())
     sixty_one = TargetShape(hidden_size=deepseek["hidden_size"], num_layers=61,
                                     vocab_size=deepseek["vocab_size"])
-    spec = layouts.FORMAT.spec_of(deepseek, sixty_one)  # its nested ids [1, 29, 57] are EAGLE's default for 61 layers
+    spec = FORMAT.spec_of(deepseek, sixty_one)  # its nested ids [1, 29, 57] are EAGLE's default for 61 layers
     assert spec.feature_layers == (2, 30, 58) == layouts.default_feature_layers("eagle3", 61)
     llama70 = json.loads((LAYOUT_DIR / "eagle3__sgl-project__SpecForge__configs_llama3-70B-ealge3.json").read_text())
-    spec70 = layouts.FORMAT.spec_of(llama70, TargetShape(8192, 80, 128256))
+    spec70 = FORMAT.spec_of(llama70, TargetShape(8192, 80, 128256))
     assert spec70.rope["rope_type"] == "llama3" and spec70.rope["rope_theta"] == 500000.0
     assert spec70.head_dim == 128 and spec70.draft_vocab_size == 32000
 
@@ -387,14 +388,14 @@ def test_every_published_eagle_config_is_recognised_and_judged():
 def test_published_configs_refused_for_vocab_and_depth():
     config = _reshaped(json.loads((LAYOUT_DIR / "eagle3__sgl-project__SpecForge__configs_llama3-8B-eagle3.json")
                                   .read_text()), TINY)
-    _, reason = layouts.FORMAT.verdict(config, replace(TINY, vocab_size=VOCAB + 8))
+    _, reason = FORMAT.verdict(config, replace(TINY, vocab_size=VOCAB + 8))
     assert reason.startswith("vocabulary mismatch")
     nested = {**config, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
-    _, reason = layouts.FORMAT.verdict(nested, replace(TINY, num_layers=3))
+    _, reason = FORMAT.verdict(nested, replace(TINY, num_layers=3))
     assert "hidden_states[0..3]" in reason and "\n" not in reason
     hass = _reshaped(json.loads((LAYOUT_DIR / "eagle1__SafeAILab__EAGLE__eagle_train_vicuna_7B_config.json")
                                 .read_text()), TINY)
-    assert layouts.FORMAT.verdict({**hass, "num_hidden_layers": 2}, TINY)[1].startswith("the head has 2 decoder layers")
+    assert FORMAT.verdict({**hass, "num_hidden_layers": 2}, TINY)[1].startswith("the head has 2 decoder layers")
 
 
 def test_published_key_lists_are_the_names_we_read_and_write(tmp_path, setup):
@@ -414,10 +415,10 @@ def test_published_key_lists_are_the_names_we_read_and_write(tmp_path, setup):
     tensors = read_tensors(tmp_path / "eagle1-official")
     tensors["embed_layernorm.weight"] = torch.ones(32)
     spec = heads["eagle"].spec
-    eagle1 = layouts.FORMAT["eagle1-official"]
+    eagle1 = FORMAT["eagle1-official"]
     with pytest.raises(SpecvizError, match="HASS"):
-        layouts.FORMAT.to_state(tensors, spec, eagle1)
-    assert build_head(model, spec, layouts.FORMAT.to_state(read_tensors(tmp_path / "eagle1-official"), spec,
+        FORMAT.to_state(tensors, spec, eagle1)
+    assert build_head(model, spec, FORMAT.to_state(read_tensors(tmp_path / "eagle1-official"), spec,
                                                            eagle1)[0])
 
 
@@ -432,7 +433,7 @@ def test_eagle1_bias_follows_config_then_weights(tmp_path, setup):
         assert config["bias"] is expected
         del config["bias"]
         (folder / "config.json").write_text(json.dumps(config))
-        assert layouts.FORMAT.spec_of(config, TINY).fc_bias  # config alone: EAGLE's default
+        assert FORMAT.spec_of(config, TINY).fc_bias  # config alone: EAGLE's default
         assert load_head(folder, model).spec.fc_bias is expected  # with the weights: what they hold
 
 
@@ -462,7 +463,7 @@ def test_our_heads_resaved_in_each_layout_draft_identically(tmp_path, setup):
     budget = DraftBudget(tree=True, width=3, depth=3, max_nodes=10)
     for index, (head, layout) in enumerate(variants(heads, target.model)):
         folder = save_head(head, tmp_path / f"{index}-{layout}", target_name="tiny", layout=layout)
-        assert layouts.FORMAT.layout_of(read_config(folder), set(read_tensors(folder))).name == layout
+        assert FORMAT.layout_of(read_config(folder), set(read_tensors(folder))).name == layout
         loaded = load_head(folder, target.model)
         assert loaded.spec == (head.spec if layout == "specviz" or head.spec.kind == "eagle"
                                else replace(head.spec, own_lm_head=True)), layout
@@ -560,7 +561,7 @@ def test_spec_round_trip_and_state_names(setup):
     for head in heads.values():
         spec = head.spec
         assert layouts.HeadSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
-        assert {k: tuple(v.shape) for k, v in head.state_dict().items()} == layouts.expected_shapes(spec)
+        assert {k: tuple(v.shape) for k, v in head.state_dict().items()} == FORMAT.expected_shapes(spec)
 
 
 def test_registry_specs(tmp_path, setup):

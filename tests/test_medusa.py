@@ -23,6 +23,7 @@ from specviz.drafters import medusa_layouts as layouts
 from specviz.drafters import registry
 from specviz.drafters.checkpoint_files import TargetShape, tensor_index
 from specviz.drafters.medusa import (
+    FORMAT,
     MedusaDrafter,
     MedusaHeads,
     build_heads,
@@ -338,15 +339,15 @@ def test_published_module_layout_is_recognised():
     assert not head_bias and len(expected) == 12
     config = {"medusa_num_heads": heads, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}
     shape = TargetShape(hidden_size=4096, num_layers=32, vocab_size=vocab)
-    spec = layouts.FORMAT.spec_of(config, shape, expected)
+    spec = FORMAT.spec_of(config, shape, expected)
     assert spec.own_lm_head and spec.block_bias and spec.num_heads == 4 and spec.feature_layer == 32
-    env = layouts.FORMAT.env(spec)
-    ours = {layouts.FORMAT["medusa"].theirs(k, env): s for k, s in layouts.expected_shapes(spec).items()}
+    env = FORMAT.env(spec)
+    ours = {FORMAT["medusa"].theirs(k, env): s for k, s in FORMAT.expected_shapes(spec).items()}
     assert ours == expected
-    assert layouts.FORMAT.layout_of(config, set(expected)).name == "medusa"
+    assert FORMAT.layout_of(config, set(expected)).name == "medusa"
     reason = None
     try:
-        layouts.FORMAT.spec_of(config, TargetShape(576, 30, 49152), expected)
+        FORMAT.spec_of(config, TargetShape(576, 30, 49152), expected)
     except SpecvizError as error:
         reason = str(error)
     assert reason.startswith("hidden size mismatch") and "\n" not in reason
@@ -388,7 +389,7 @@ def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):
     with pytest.raises(SpecvizError, match="trained for tiny"):
         load_heads(save_heads(heads, tmp_path / "ours", target_name="tiny"), other)
     with pytest.raises(SpecvizError, match="not a Medusa config"):
-        layouts.FORMAT.layout_of({"model_type": "llama"})
+        FORMAT.layout_of({"model_type": "llama"})
     with pytest.raises(SpecvizError, match="config.json is missing"):
         load_heads(tmp_path, model)
     with pytest.raises(SpecvizError, match="hub is offline") as error:
@@ -410,7 +411,7 @@ def test_registry(tmp_path, setup):
     assert isinstance(drafter, MedusaDrafter) and drafter.choices == CHOICES
     assert drafter.describe()["heads"] == HEADS
     assert layouts.MedusaSpec.from_dict(json.loads(json.dumps(heads.spec.to_dict()))) == heads.spec
-    assert {k: tuple(v.shape) for k, v in heads.state_dict().items()} == layouts.expected_shapes(heads.spec)
+    assert {k: tuple(v.shape) for k, v in heads.state_dict().items()} == FORMAT.expected_shapes(heads.spec)
 
 
 def test_min_draft_prob_prunes_below_unsure_nodes(setup):

@@ -22,7 +22,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from specviz.drafters import mtp_layouts as layouts
 from specviz.drafters import registry
 from specviz.drafters.checkpoint_files import TargetShape, read_config, tensor_index
-from specviz.drafters.mtp import MtpDrafter, MtpStack, build_stack, load_stack, new_stack, save_stack
+from specviz.drafters.mtp import FORMAT, MtpDrafter, MtpStack, build_stack, load_stack, new_stack, save_stack
 from specviz.engine import accept as accept_module
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
@@ -421,28 +421,28 @@ def test_deepseek_v3_published_config_and_keys_are_recognised_and_refused_in_one
     smollm2 = TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
     assert layouts.module_count_field(config) == 1
     for shape in (sixty_one, smollm2):
-        dialect, reason = layouts.FORMAT.verdict(config, shape)
+        dialect, reason = FORMAT.verdict(config, shape)
         assert dialect == "deepseek-v3" and "multi-head latent attention" in reason and "\n" not in reason
     rows = _key_lines("mtp_deepseek__keys__simpx_model-inspect_README.txt")
     shapes = {name: tuple(int(x) for x in shape.strip("()").split(",") if x.strip()) for name, shape, _ in rows}
-    assert layouts.FORMAT.layout_of(config, set(shapes)).name == "deepseek-v3"
-    assert "multi-head latent attention" in layouts.FORMAT.verdict(config, sixty_one, shapes)[1]
+    assert FORMAT.layout_of(config, set(shapes)).name == "deepseek-v3"
+    assert "multi-head latent attention" in FORMAT.verdict(config, sixty_one, shapes)[1]
     layer = {k.removeprefix("model.layers.61."): s for k, s in shapes.items() if k.startswith("model.layers.61.")}
     spec = layouts.MtpSpec(num_modules=1, hidden_size=7168, intermediate_size=18432, num_heads=128, num_kv_heads=128,
                            head_dim=56, rms_norm_eps=1e-6, vocab_size=129280, feature_layer=61)
-    ours = {layouts.FORMAT["deepseek-v3"].theirs(k, {"L": 61, "k": 1}).removeprefix("model.layers.61."): s
-            for k, s in layouts.expected_shapes(spec).items()}
+    ours = {FORMAT["deepseek-v3"].theirs(k, {"L": 61, "k": 1}).removeprefix("model.layers.61."): s
+            for k, s in FORMAT.expected_shapes(spec).items()}
     listed_own = {k: s for k, s in layer.items() if not k.startswith(("self_attn.", "mlp."))}
     shared = {"embed_tokens.weight", "shared_head.head.weight"}
     assert set(listed_own) - set(ours) == shared  # the stored copies we check, never load
     assert all(ours[k] == s for k, s in listed_own.items() if k in ours)  # eh_proj (7168, 14336) = (H, 2H)
     for name in layer:  # every listed layer-61 tensor is one of ours, or a stored copy of the target's
-        mapped = layouts.FORMAT["deepseek-v3"].ours(f"model.layers.61.{name}", {"L": 61, "k": 1})
-        assert mapped == [] if name in shared else set(mapped) <= set(layouts.expected_shapes(spec))
+        mapped = FORMAT["deepseek-v3"].ours(f"model.layers.61.{name}", {"L": 61, "k": 1})
+        assert mapped == [] if name in shared else set(mapped) <= set(FORMAT.expected_shapes(spec))
     negative = json.loads((LAYOUT_DIR / "mtp_deepseek__deepseek-ai__DeepSeek-V3__inference_configs_config_671B.json")
                           .read_text())
     with pytest.raises(SpecvizError, match="not an MTP checkpoint") as error:
-        layouts.FORMAT.layout_of(negative)
+        FORMAT.layout_of(negative)
     assert "\n" not in str(error.value)
 
 
@@ -463,11 +463,11 @@ def test_qwen3_next_published_keys_are_the_names_we_write_and_match_mimo(tmp_pat
             pairs = [(name, right + name[len(native):]) for name in written if name.startswith(native)]
         for theirs, mimo in pairs:
             env = {"L": LAYERS, "k": 1}
-            assert layouts.FORMAT["qwen3-next"].ours(theirs, env) == layouts.FORMAT["mimo"].ours(f"model.{mimo}", env)
+            assert FORMAT["qwen3-next"].ours(theirs, env) == FORMAT["mimo"].ours(f"model.{mimo}", env)
     config = read_config(folder)
-    assert layouts.FORMAT.layout_of(config).name == "qwen3-next" and config["mtp_num_hidden_layers"] == 1
+    assert FORMAT.layout_of(config).name == "qwen3-next" and config["mtp_num_hidden_layers"] == 1
     real = {**config, "model_type": "qwen3_next", "num_experts": 512, "partial_rotary_factor": 0.25}
-    reason = layouts.FORMAT.verdict(real, TargetShape(32, LAYERS, VOCAB))[1]
+    reason = FORMAT.verdict(real, TargetShape(32, LAYERS, VOCAB))[1]
     assert "mixture-of-experts" in reason and "\n" not in reason
 
 
@@ -566,7 +566,7 @@ def test_registry_and_spec(tmp_path, setup):
     assert "not jointly with the model" in drafter.describe()["trained"]  # the app's run label shows it
     for stack in stacks.values():
         assert layouts.MtpSpec.from_dict(json.loads(json.dumps(stack.spec.to_dict()))) == stack.spec
-        assert {k: tuple(v.shape) for k, v in stack.state_dict().items()} == layouts.expected_shapes(stack.spec)
+        assert {k: tuple(v.shape) for k, v in stack.state_dict().items()} == FORMAT.expected_shapes(stack.spec)
 
 
 # ---- training ---------------------------------------------------------------------------------------------------
@@ -604,7 +604,7 @@ def test_trainer_learns_and_saves_modules_that_draft(tmp_path):
     loaded = load_stack(tmp_path / "final", target.model)
     assert loaded.spec == stack.spec
     stored = tensor_index(tmp_path / "final")[0]
-    assert set(stored) == set(layouts.expected_shapes(stack.spec))  # the borrowed embedding and head stay out
+    assert set(stored) == set(FORMAT.expected_shapes(stack.spec))  # the borrowed embedding and head stay out
 
 
 def test_a_module_step_equals_transformers_own_mtp_layer(tmp_path, setup, normed_stacks):

@@ -62,14 +62,36 @@ def source_of(argument: str, target: str, kind: str, missing: str) -> str | Path
     return shipped_dir(target, kind)
 
 
-def checkpoint_family(kind: str, what: str, **fields):
+def checkpoint_family(kind: str, what: str, *, load: Callable, own: Callable | None = None, plural: bool = False,
+                      modes: tuple[str, ...] = (), **fields):
     """Register a family whose drafters load a checkpoint (``registry.DrafterFamily``, ``fields`` the rest): the spec
-    ``kind[:<dir|hub id>]``, the bare name the one shipped for the target, ``specviz train <kind>`` its trainer,
-    arguments checked as loadable ``what`` (a ``check`` in ``fields`` replaces that)."""
+    ``kind[:<dir|hub id>]``, ``specviz train <kind>`` its trainer, arguments checked as loadable ``what``.
+
+    ``load(source, target, settings, name)`` makes the drafter from the argument's checkpoint or, for the bare name,
+    the target checkpoint's own (``own(model)``, where a family reads one) or the one shipped for the target, refused
+    in one line where there is none (the title is ``plural``: "are shipped"). An argument may begin with one of
+    ``modes`` (``dspark:fixed:<dir>``), a variant passed on to ``load`` as ``mode`` (None without one)."""
     from specviz.drafters.registry import DrafterFamily, register
 
+    def split(argument: str) -> tuple[str, str | None]:
+        mode = next((m for m in modes if argument == m or argument.startswith(m + ":")), None)
+        return (argument, None) if mode is None else (argument[len(mode) + 1:], mode)
+
+    def build(argument: str, target, settings):
+        chosen, mode = split(argument)
+        missing = (f"no {fields['title']} {'are' if plural else 'is'} shipped for {target.name} yet"
+                   f"{'' if own is None else ', and its checkpoint carries none'}; give {kind}:<dir or hub id>")
+        source = chosen or (own(target.model) if own else None) or source_of("", target.name, kind, missing)
+        return load(source, target, settings, f"{kind}:{argument}" if argument else kind,
+                    **({"mode": mode} if modes else {}))
+
+    def check(argument: str) -> str:
+        check_source(split(argument)[0])
+        return argument
+
+    check_source = argument_check(what)
     return register(DrafterFamily(name=kind, syntax=f"{kind}[:<dir|hub id>]", checkpoints=shipped(kind), trainer=kind,
-                                  **{"check": argument_check(what), **fields}))
+                                  build=build, check=check, bare_from_target=own is not None, **fields))
 
 
 def read_config(folder: Path, what: str = "drafter") -> dict:

@@ -38,7 +38,7 @@ Loaders for our folder and the published layouts: ``specviz.drafters.dflash_layo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,13 @@ from specviz.drafters.confidence import OnlineCalibration, ReliabilityCurve
 from specviz.drafters.dflash_layouts import BlockSpec
 from specviz.drafters.feature_drafter import FeatureDrafter, rows_by_depth
 from specviz.drafters.head_layer import DecoderLayer, DraftNetwork
-from specviz.drafters.head_parts import fresh, inference_copy, target_parts
-from specviz.drafters.layouts import build
+from specviz.drafters.head_parts import fresh, target_parts
+from specviz.drafters.layouts import Format, build, network_shapes
 from specviz.engine import cache as kv
 from specviz.engine import cost_curve
 from specviz.engine.accept import argmax_rows
 from specviz.engine.cost_curve import CostCurve
 from specviz.engine.drafter import DraftBudget
-from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig, probabilities, sample
 from specviz.engine.target import Target
 from specviz.engine.tree import DraftTree
@@ -113,7 +112,7 @@ class DFlashBackbone(DraftNetwork):
         super().__init__(spec, embedding, output, whole_embedding=True)
         self.fc = nn.Linear(len(spec.feature_layers) * spec.hidden_size, spec.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.layers = nn.ModuleList(DecoderLayer(spec, layer_idx=i, **spec.layer_options)
+        self.layers = nn.ModuleList(DecoderLayer(spec, layer_idx=i, qk_norm=True)  # Qwen3-style
                                     for i in range(spec.num_layers))
         self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.markov_head = MarkovHead(spec) if spec.markov_rank else None
@@ -188,11 +187,14 @@ class DFlashBackbone(DraftNetwork):
                    mask=mask)
         return out.reshape(batch, count, size, -1)[:, :, spec.first_output:]
 
-    def for_inference(self, draft_quant: str = "off") -> DFlashBackbone:
-        """A copy sharing every tensor whose projections run through pre-packed kernels where they run (as
-        the fast target path does), the output layer in int8 with ``draft_quant="int8"`` (else the target's own,
-        as it runs there); the module itself stays trainable."""
-        return inference_copy(self, self.fc.weight, self.borrowed.output.weight, draft_quant, rows_packed=True)
+    def output_rows(self) -> tuple[torch.Tensor, bool]:
+        """The target's output layer, run as the target runs it (unless ``draft_quant="int8"``)."""
+        return self.borrowed.output.weight, True
+
+
+#: The drafter's checkpoint formats (``dflash_layouts``), its tensors named and shaped as ``DFlashBackbone`` holds them.
+FORMAT = Format(what="block drafter", layouts=layouts.LAYOUTS, expected_shapes=network_shapes(DFlashBackbone),
+                check_fits=layouts.check_fits, unknown=layouts.UNKNOWN)
 
 
 # ---- building, saving and loading ---------------------------------------------------------------------------------
@@ -250,8 +252,8 @@ def save_drafter(drafter: DFlashBackbone, folder: Path, *, target_name: str, lay
     calibration curve the drafter carries (``GREEDY_CALIBRATION_KEY``) is written into config.json in every layout
     (their loaders ignore the key)."""
     curve = getattr(drafter, "greedy_calibration", None)
-    return layouts.FORMAT.save(drafter, folder, layout, target_name=target_name, dtype=dtype or drafter.dtype,
-                               config={} if curve is None else {GREEDY_CALIBRATION_KEY: curve.to_dict()})
+    return FORMAT.save(drafter, folder, layout, target_name=target_name, dtype=dtype or drafter.dtype,
+                       config={} if curve is None else {GREEDY_CALIBRATION_KEY: curve.to_dict()})
 
 
 #: Our key in a DSpark config.json: the confidence head's ``ReliabilityCurve`` under greedy verification, fitted on
@@ -274,7 +276,7 @@ def load_drafter(source: str | Path, model: nn.Module, *, kind: str | None = Non
                 raise SpecvizError(f"its {GREEDY_CALIBRATION_KEY} was fitted under {curve.rule!r}, not greedy")
             built.greedy_calibration = curve
         return built
-    return layouts.FORMAT.load(source, model, finish)
+    return FORMAT.load(source, model, finish)
 
 
 # ---- the drafters -------------------------------------------------------------------------------------------------
@@ -305,10 +307,9 @@ class BlockDrafter(FeatureDrafter):
 
     def describe(self) -> dict:
         spec = self.spec
-        return {"name": self.name, "kind": self.kind, "block_size": spec.block_size, "drafts": spec.drafts,
+        return {**super().describe(), "kind": self.kind, "block_size": spec.block_size, "drafts": spec.drafts,
                 "anchor_predicts": spec.anchor_predicts, "mask_token_id": spec.mask_token_id,
-                "feature_layers": list(self.feature_layers), "feature_numbering": NUMBERING,
-                "draft_layers": spec.num_layers, "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
+                "draft_layers": spec.num_layers}
 
     def extra_room(self) -> int:
         return self.spec.block_size + 1
@@ -492,44 +493,21 @@ class DSparkDrafter(BlockDrafter):
 #: DSpark's modes, a prefix of the spec's argument: ``dspark:fixed[:<source>]`` verifies every draft the budget
 #: allows (no schedule); ``dspark:raw[:<source>]`` schedules on the confidence head's own values; plain ``dspark``
 #: schedules on them recalibrated online to this run's verification (``confidence.OnlineCalibration``).
-FIXED, RAW, CALIBRATED = "fixed", "raw", "calibrated"
+FIXED, RAW = "fixed", "raw"
 
 
-def split_argument(kind: str, argument: str) -> tuple[str, str | None]:
-    """(source, DSpark mode) of a spec's argument (mode None for DFlash)."""
-    if kind != "dspark":
-        return argument, None
-    for mode in (FIXED, RAW):
-        if argument == mode or argument.startswith(mode + ":"):
-            return argument[len(mode) + 1:], mode
-    return argument, CALIBRATED
-
-
-def _argument_check(kind: str) -> Callable[[str], str]:
-    """The registry check: the source part of the argument (after DSpark's mode) must be loadable."""
-    check_source = checkpoint_files.argument_check("block drafter")
-
-    def check(argument: str) -> str:
-        check_source(split_argument(kind, argument)[0])
-        return argument
-    return check
-
-
-def _builder(kind: str):
-    def build(argument: str, target: Target, settings: Mapping[str, Any]) -> BlockDrafter:
-        source, mode = split_argument(kind, argument)
-        folder = checkpoint_files.source_of(source, target.name, kind, f"no {TITLES[kind]} is shipped for "
-                                            f"{target.name} yet; give {kind}:<dir or hub id>")
-        model = load_drafter(folder, target.model, kind=kind)
-        name = f"{kind}:{argument}" if argument else kind
+def _loader(kind: str):
+    def load(source: str | Path, target: Target, settings: Mapping[str, Any], name: str, mode: str | None = None
+             ) -> BlockDrafter:
+        model = load_drafter(source, target.model, kind=kind)
         quant = settings["draft_quant"]
         if kind == "dflash":
             return DFlashDrafter(model, target.vocab_size, name=name, draft_quant=quant)
         scheduled = mode != FIXED
         curve = cost_curve.measured(target, model.spec.drafts + 1) if scheduled else None
         return DSparkDrafter(model, target.vocab_size, name=name, schedule=scheduled, cost_curve=curve,
-                             draft_quant=quant, calibrate=mode == CALIBRATED)
-    return build
+                             draft_quant=quant, calibrate=mode is None)
+    return load
 
 
 FEATURES = ("`hidden_states[id + 1]` for DFlash's `build_target_layer_ids(L, 5)` ids (L = 30: `hidden_states[2]`, "
@@ -547,15 +525,13 @@ DESCRIPTIONS = {
 }
 
 FAMILIES = {kind: checkpoint_files.checkpoint_family(
-    kind, "block drafter",
+    kind, "block drafter", load=_loader(kind), modes=(FIXED, RAW) if kind == "dspark" else (),
     title=TITLES[kind],
     plain_name=PLAIN[kind][0],
     plain_line=PLAIN[kind][1],
     description=DESCRIPTIONS[kind],
-    build=_builder(kind),
     reads=("draft_quant",),
     feature_layers=layouts.default_feature_layers,
     features=FEATURES,
-    check=_argument_check(kind),
     order=40 if kind == "dflash" else 41,  # trained by specviz.training.trainers.dflash
 ) for kind in KINDS}

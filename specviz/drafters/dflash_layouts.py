@@ -17,8 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specviz.drafters.checkpoint_files import TargetShape
-from specviz.drafters.head_layer import layer_shapes
-from specviz.drafters.layouts import DecoderSpec, Format, Layout, fits, require
+from specviz.drafters.layouts import (
+    REQUIRED,
+    DecoderSpec,
+    Field,
+    Layout,
+    check_layers,
+    fits,
+    named,
+    read_fields,
+    require,
+    write_fields,
+)
 from specviz.errors import SpecvizError
 
 #: Our config key holding the ``BlockSpec``.
@@ -69,11 +79,6 @@ class BlockSpec(DecoderSpec):
             raise SpecvizError("confidence_with_markov needs both a confidence head and a Markov head")
 
     @property
-    def layer_options(self) -> dict:
-        """The ``head_layer.DecoderLayer`` options of its layers: Qwen3-style, q/k RMS norms."""
-        return dict(qk_norm=True)
-
-    @property
     def drafts(self) -> int:
         """Tokens one block forward drafts: b from the anchor on, or b - 1 after it."""
         return self.block_size if self.anchor_predicts else self.block_size - 1
@@ -121,75 +126,46 @@ def check_fits(spec: BlockSpec, target: TargetShape) -> None:
 
 
 # ---- reading and writing configs ----------------------------------------------------------------------------------
-def _settings(config: dict, dialect: str) -> dict:
-    """Where the block settings live: the top level (DeepSpec) or ``dflash_config`` (z-lab, SpecForge)."""
-    if dialect == "deepspec":
-        return config
-    nested = config.get("dflash_config")
-    if not isinstance(nested, dict):
-        raise SpecvizError("config.json lacks dflash_config")
-    return nested
+def _fields(nested: bool, dspark: bool) -> tuple[Field, ...]:
+    """A dialect's block settings: under ``dflash_config`` (z-lab, SpecForge) or at the top level (DeepSpec), the
+    other place read too; DSpark's heads where the dialect has them. Layer ids count "output of layer id"."""
+    def setting(ours: str, theirs: str, default=REQUIRED, shift: int = 0) -> Field:
+        places = (f"dflash_config.{theirs}", theirs)[:: 1 if nested else -1]
+        return Field(ours, places[0], default, also=places[1:], shift=shift)
+    block = (Field("num_layers", "num_hidden_layers"), Field("block_size", also=("dflash_config.block_size",)),
+             Field("num_target_layers"), setting("mask_token_id", "mask_token_id"),
+             setting("feature_layers", "target_layer_ids", shift=1))
+    heads = (setting("markov_rank", "markov_rank", 0), setting("markov_type", "markov_head_type", "vanilla"),
+             setting("confidence_head", "enable_confidence_head", False),
+             setting("confidence_with_markov", "confidence_head_with_markov", False))
+    return block + heads if dspark else block
 
 
-def _integer(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecvizError(f"{name} must be an integer, got {value!r}")
-    return value
-
-
-def _layer_ids(settings: dict, config: dict, target: TargetShape) -> tuple[int, ...]:
-    """``target_layer_ids`` (output-of-layer ids) as ``hidden_states`` indices; z-lab's fallback when absent."""
-    ids = settings.get("target_layer_ids", config.get("target_layer_ids"))
-    if ids is None:
-        depth = int(config.get("num_target_layers") or target.num_layers)
-        ids = build_target_layer_ids(depth, int(config["num_hidden_layers"]))
-    if not isinstance(ids, list) or not ids:
-        raise SpecvizError(f"target_layer_ids must be a non-empty list of integers, got {ids!r}")
-    if any(_integer(i, "target_layer_ids") < -1 for i in ids):
-        raise SpecvizError(f"target_layer_ids {ids} has ids below -1 (-1 is the embedding output)")
-    return tuple(i + 1 for i in ids)  # output of layer id = hidden_states[id + 1]
-
-
-def _check_layers_config(config: dict) -> None:
-    """Refuse what our Qwen3-style layers do not implement (one line each)."""
-    require(config, "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
-    if config.get("model_type", "qwen3") != "qwen3":
-        raise SpecvizError(f"draft layers of model_type {config.get('model_type')!r} are not supported; only "
-                           f"Qwen3-style layers are")
-    if config.get("hidden_act", "silu") != "silu":
-        raise SpecvizError(f"the drafter's activation is {config.get('hidden_act')!r}; only silu is supported")
-    if config.get("attention_bias"):
-        raise SpecvizError("drafters with attention biases are not supported")
-    types = set(config.get("layer_types") or ["full_attention"])
-    if config.get("use_sliding_window") or types != {"full_attention"}:
-        raise SpecvizError("sliding-window draft layers are not supported; only full attention is")
-    target_hidden = config.get("target_hidden_size")
-    if target_hidden is not None and int(target_hidden) != int(config["hidden_size"]):
-        raise SpecvizError(f"the drafter is {config['hidden_size']} wide over {target_hidden}-wide target features; "
-                           f"drafters of another width than their target are not supported")
+FIELDS = {"zlab-dflash": _fields(True, False), "deepspec": _fields(False, True),
+          "specforge-dspark": _fields(True, True)}
+#: What each dialect's config.json always says (Transformers' remote code, SpecForge's projector).
+CONSTANTS = {"zlab-dflash": {"architectures": ["DFlashDraftModel"],
+                             "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}},
+             "deepspec": {"architectures": ["Qwen3DSparkModel"]},
+             "specforge-dspark": {"architectures": ["DSparkDraftModel"],
+                                  "auto_map": {"AutoModel": "dspark.DSparkDraftModel"},
+                                  "dflash_config": {"projector_type": "dspark", "attention_mode": "gqa",
+                                                    "confidence_head_alpha": 1.0}}}
 
 
 def _reader(dialect: str):
     def read(config: dict, target: TargetShape, shapes: dict | None) -> BlockSpec:
         """The ``BlockSpec`` of a published config; a one-line reason when it cannot serve ``target``."""
-        _check_layers_config(config)
-        settings = _settings(config, dialect)
-        block = settings.get("block_size", config.get("block_size"))
-        mask = settings.get("mask_token_id", config.get("mask_token_id"))
-        if block is None or mask is None:
-            raise SpecvizError(f"config.json lacks {'block_size' if block is None else 'mask_token_id'}")
-        dspark = dialect != "zlab-dflash"
-        rank = _integer(settings.get("markov_rank", 0), "markov_rank") if dspark else 0
-        confidence = bool(settings.get("enable_confidence_head", False)) if dspark else False
-        return BlockSpec(
-            num_layers=int(config["num_hidden_layers"]), block_size=_integer(block, "block_size"),
-            mask_token_id=_integer(mask, "mask_token_id"), feature_layers=_layer_ids(settings, config, target),
-            num_target_layers=int(config.get("num_target_layers") or target.num_layers),
-            anchor_predicts=dspark, markov_rank=rank, markov_type=str(settings.get("markov_head_type", "vanilla")),
-            confidence_head=confidence,
-            confidence_with_markov=confidence and rank > 0 and bool(settings.get("confidence_head_with_markov",
-                                                                                  False)),
-            **DecoderSpec.fields_from(config, "the drafter's"))
+        require(config, "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+        check_layers(config, "the drafter", style="qwen3", target_hidden=config.get("target_hidden_size"))
+        depth = int(config.get("num_target_layers") or target.num_layers)  # z-lab's fallback: one id per layer
+        ids = build_target_layer_ids(depth, int(config["num_hidden_layers"]))
+        fields = read_fields(config, FIELDS[dialect], BlockSpec, num_target_layers=target.num_layers,
+                             feature_layers=tuple(i + 1 for i in ids))
+        fields["confidence_with_markov"] = bool(fields.get("confidence_with_markov") and fields.get("confidence_head")
+                                                and fields.get("markov_rank"))
+        return BlockSpec(**fields, anchor_predicts=dialect != "zlab-dflash",
+                         **DecoderSpec.fields_from(config, "the drafter's"))
     return read
 
 
@@ -203,50 +179,15 @@ def _writer(dialect: str):
             raise SpecvizError(f"the {dialect} layout predicts from the anchor; save this DFlash drafter in the "
                                f"zlab-dflash layout")
         qwen3 = {**spec.decoder_config("qwen3", spec.num_layers), "attention_bias": False,
-                 "layer_types": ["full_attention"] * spec.num_layers, "use_sliding_window": False,
-                 "num_target_layers": spec.num_target_layers, "block_size": spec.block_size}
-        ids = [i - 1 for i in spec.feature_layers]  # hidden_states[i] = output of layer i - 1
-        dspark = {"markov_rank": spec.markov_rank, "markov_head_type": spec.markov_type,
-                  "enable_confidence_head": spec.confidence_head,
-                  "confidence_head_with_markov": spec.confidence_with_markov}
-        if dialect == "zlab-dflash":
-            return {"architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-                    **qwen3, "dflash_config": {"mask_token_id": spec.mask_token_id, "target_layer_ids": ids}}
-        if dialect == "deepspec":
-            return {"architectures": ["Qwen3DSparkModel"], **qwen3, "mask_token_id": spec.mask_token_id,
-                    "target_layer_ids": ids, **dspark}
-        return {"architectures": ["DSparkDraftModel"], "auto_map": {"AutoModel": "dspark.DSparkDraftModel"}, **qwen3,
-                "dflash_config": {"mask_token_id": spec.mask_token_id, "target_layer_ids": ids,
-                                  "projector_type": "dspark", "attention_mode": "gqa", "confidence_head_alpha": 1.0,
-                                  **dspark}}
+                 "layer_types": ["full_attention"] * spec.num_layers, "use_sliding_window": False}
+        return write_fields(spec, FIELDS[dialect], {**CONSTANTS[dialect], **qwen3})
     return write
 
 
 # ---- the layouts ------------------------------------------------------------------------------------------------
-def expected_shapes(spec: BlockSpec) -> dict[str, tuple[int, ...]]:
-    """Our tensor names (the drafter module's ``state_dict``, the published names) and their shapes."""
-    h = spec.hidden_size
-    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, len(spec.feature_layers) * h), "hidden_norm.weight": (h,),
-                                          "norm.weight": (h,)}
-    layer = layer_shapes(spec, **spec.layer_options)
-    for i in range(spec.num_layers):
-        shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
-    if spec.markov_rank:
-        shapes["markov_head.markov_w1.weight"] = (spec.vocab_size, spec.markov_rank)
-        shapes["markov_head.markov_w2.weight"] = (spec.vocab_size, spec.markov_rank)
-    if spec.confidence_head:
-        shapes["confidence_head.proj.weight"] = (1, spec.confidence_in)
-        shapes["confidence_head.proj.bias"] = (1,)
-    return shapes
-
-
 def _nested(config: dict) -> dict:
     nested = config.get("dflash_config")
     return nested if isinstance(nested, dict) else {}
-
-
-def _architecture(config: dict, name: str) -> bool:
-    return name in [str(a) for a in config.get("architectures") or []]
 
 
 NAMES = (("markov_head.{rest}", "markov_head.{rest}"), ("confidence_head.{rest}", "confidence_head.{rest}"),
@@ -263,18 +204,15 @@ def _layout(dialect: str, recognise, **declared) -> Layout:
                   refused=(("{rest}qkv_proj.{part}", "fused qkv_proj tensors ({name}) are not supported"),), **declared)
 
 
-FORMAT = Format(
-    what="block drafter",
-    layouts=(
-        Layout.own(BlockSpec, "SpecvizBlockDrafter", lambda spec: ["embedding", "output"]),
-        _layout("deepspec", lambda config, keys: _architecture(config, "Qwen3DSparkModel") or (
-            not _nested(config) and "target_layer_ids" in config)),  # DeepSpec's loader expects the copies
-        _layout("specforge-dspark", lambda config, keys: _architecture(config, "DSparkDraftModel")
-                or _nested(config).get("projector_type") == "dspark", writes_carried=False),
-        _layout("zlab-dflash", lambda config, keys: _architecture(config, "DFlashDraftModel") or bool(_nested(config)),
-                writes_carried=False),
-    ),
-    expected_shapes=expected_shapes, check_fits=check_fits,
-    unknown="not a DFlash or DSpark drafter config: architectures {architectures} (expected DFlashDraftModel, "
-            "DSparkDraftModel, Qwen3DSparkModel or a specviz_dflash entry)")
-DIALECTS = FORMAT.names
+LAYOUTS = (
+    Layout.own(BlockSpec, "SpecvizBlockDrafter", lambda spec: ["embedding", "output"]),
+    _layout("deepspec", lambda config, keys: named(config, "Qwen3DSparkModel") or (
+        not _nested(config) and "target_layer_ids" in config)),  # DeepSpec's loader expects the copies
+    _layout("specforge-dspark", lambda config, keys: named(config, "DSparkDraftModel")
+            or _nested(config).get("projector_type") == "dspark", writes_carried=False),
+    _layout("zlab-dflash", lambda config, keys: named(config, "DFlashDraftModel") or bool(_nested(config)),
+            writes_carried=False),
+)
+DIALECTS = tuple(layout.name for layout in LAYOUTS)
+UNKNOWN = ("not a DFlash or DSpark drafter config: architectures {architectures} (expected DFlashDraftModel, "
+           "DSparkDraftModel, Qwen3DSparkModel or a specviz_dflash entry)")

@@ -32,13 +32,11 @@ from transformers import DynamicCache
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import eagle_layouts as layouts
 from specviz.drafters.eagle_layouts import HeadSpec
-from specviz.drafters.feature_drafter import CommittedRowsDrafter, draft_mask
+from specviz.drafters.feature_drafter import CommittedRowsDrafter
 from specviz.drafters.head_layer import DecoderLayer, DraftNetwork
-from specviz.drafters.head_parts import fresh, inference_copy, target_parts
-from specviz.drafters.layouts import build
-from specviz.engine import cache as kv
+from specviz.drafters.head_parts import fresh, target_parts
+from specviz.drafters.layouts import Format, build, check_draft_ids, network_shapes
 from specviz.engine.drafter import DraftBudget
-from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
@@ -65,7 +63,11 @@ class EagleHead(DraftNetwork):
                                          for _ in spec.feature_layers)
         if spec.norm_before_fc:
             self.input_norm = nn.RMSNorm(spec.fc_in, eps=spec.rms_norm_eps)
-        self.layer = DecoderLayer(spec, **spec.layer_options)
+        # EAGLE-1's layer reads fc's output without an input norm; EAGLE-3's attention reads
+        # cat(input_layernorm(embedding), hidden_norm(hidden)), twice as wide
+        eagle3 = spec.kind == "eagle3"
+        self.layer = DecoderLayer(spec, attention_in=(2 if eagle3 else 1) * spec.hidden_size, input_norm=False,
+                                  two_streams=eagle3, norm_residual=spec.norm_before_residual)
         if spec.kind == "eagle3":
             self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False) if spec.own_lm_head else None
@@ -166,12 +168,9 @@ class EagleHead(DraftNetwork):
         return outputs
 
     # ---- inference copy -----------------------------------------------------------------------------------------
-    def for_inference(self, draft_quant: str = "off") -> EagleHead:
-        """A copy sharing every tensor whose projections run through pre-packed kernels where they run
-        (as the fast target path does); the output rows are gathered once, in int8 with ``draft_quant="int8"``.
-        The head itself stays trainable."""
-        own_rows_packed = self.lm_head is not None or (self.d2t is None and self.borrowed.output_packed)
-        return inference_copy(self, self.fc.weight, self.output_weight(), draft_quant, rows_packed=own_rows_packed)
+    def output_rows(self) -> tuple[torch.Tensor, bool]:
+        """The head's own rows (packed with its layers) or the target's at the draft ids, gathered once."""
+        return self.output_weight(), self.lm_head is not None or (self.d2t is None and self.borrowed.output_packed)
 
 
 def ttt_mask(length: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -195,6 +194,11 @@ class _StackedKV:
         return self.keys, self.values
 
 
+#: The head's checkpoint formats (``eagle_layouts``), its tensors named and shaped as ``EagleHead`` holds them.
+FORMAT = Format(what="EAGLE head", layouts=layouts.LAYOUTS, expected_shapes=network_shapes(EagleHead),
+                check_fits=layouts.check_fits, prepare=layouts.check_d2t, unknown=layouts.UNKNOWN)
+
+
 # ---- building, saving and loading heads -------------------------------------------------------------------------
 def spec_for(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = None,
              feature_layers: tuple[int, ...] | None = None, fc_bias: bool | None = None) -> HeadSpec:
@@ -203,8 +207,6 @@ def spec_for(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = No
     ``draft_ids``: target ids of a reduced draft vocabulary (EAGLE-3's frequent tokens); ``feature_layers``
     overrides the default (EAGLE-1: ``(L,)``; EAGLE-3: ``(2, L//2, L-3)``, Hugging Face ``hidden_states`` indices).
     """
-    if kind not in KINDS:
-        raise SpecvizError(f"unknown EAGLE kind {kind!r}; expected one of {', '.join(KINDS)}")
     fields = HeadSpec.fields_like(model)
     return HeadSpec(
         kind=kind, draft_vocab_size=fields["vocab_size"] if draft_ids is None else int(draft_ids.numel()),
@@ -222,7 +224,7 @@ def new_head(model: nn.Module, kind: str, *, draft_ids: torch.Tensor | None = No
     head = fresh(lambda: build_head(model, spec), seed)
     if draft_ids is not None:
         ids = draft_ids.to(torch.long).flatten().sort().values
-        layouts.check_draft_ids(ids, spec.vocab_size)
+        check_draft_ids(ids, spec.vocab_size)
         if spec.reduced_vocab:  # a draft vocabulary as large as the target's is the identity: no map to store
             head.d2t.copy_(ids - torch.arange(ids.numel()))
     return head.to(dtype=dtype)
@@ -245,7 +247,7 @@ def save_head(head: EagleHead, folder: Path, *, target_name: str, layout: str = 
               dtype: torch.dtype | None = None) -> Path:
     """Write ``head`` as a loadable folder: our layout by default (borrowed tensors recorded, not stored, with
     the target embedding's fingerprint), or any published layout (``eagle_layouts.DIALECTS``) for interop."""
-    return layouts.FORMAT.save(head, folder, layout, target_name=target_name, dtype=dtype or head.dtype)
+    return FORMAT.save(head, folder, layout, target_name=target_name, dtype=dtype or head.dtype)
 
 
 def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) -> EagleHead:
@@ -256,7 +258,7 @@ def load_head(source: str | Path, model: nn.Module, *, kind: str | None = None) 
         if kind is not None and spec.kind != kind:
             raise SpecvizError(f"it is an {TITLES[spec.kind]}, not an {TITLES[kind]}")
         return build_head(model, spec, state)  # float32 weights
-    return layouts.FORMAT.load(source, model, finish)
+    return FORMAT.load(source, model, finish)
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
@@ -280,11 +282,9 @@ class EagleDrafter(CommittedRowsDrafter):
 
     def describe(self) -> dict:
         spec = self.head.spec
-        return {"name": self.name, "kind": spec.kind, "feature_layers": list(self.feature_layers),
-                "feature_numbering": NUMBERING,
+        return {**super().describe(), "kind": spec.kind,
                 "draft_vocab": spec.draft_vocab_size if spec.reduced_vocab else None,
-                "stochastic_tree": self.stochastic_tree,
-                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
+                "stochastic_tree": self.stochastic_tree}
 
     @property
     def head_cache(self) -> DynamicCache | None:
@@ -303,19 +303,14 @@ class EagleDrafter(CommittedRowsDrafter):
         last = self.last_output(0, len(context))  # the head output at the last committed pair
         if last is None:  # a one-token prompt: no committed pair yet
             return DraftTree.empty()
-        runner, base = self.runner, self._rows[0]
+        runner = self.runner
         output_of: dict[int, torch.Tensor] = {}  # candidate -> the head output after feeding it
         slot_of: dict[int, int] = {}  # candidate -> its entry in the head cache
 
         def expand(frontier: list[int], candidates: list[dynamic_tree.Candidate]) -> torch.Tensor:
-            cache = self._caches[0]
-            cached = kv.cache_length(cache)
-            slot_of.update({node: cached + row for row, node in enumerate(frontier)})
-            mask = draft_mask(frontier, candidates, cached, base, slot_of, self._device)
+            cache, mask, tokens, positions = self.draft_inputs(0, frontier, candidates, slot_of, len(context))
             parents = [candidates[node].parent for node in frontier]
             hidden = torch.stack([runner.next_hidden(last if p == ROOT else output_of[p]) for p in parents])
-            tokens = torch.tensor([[candidates[node].token for node in frontier]], device=self._device)
-            positions = torch.tensor([[base - 1 + candidates[node].depth for node in frontier]], device=self._device)
             out = runner(hidden[None], tokens, positions, from_target=False, cache=cache, mask=mask)
             for row, node in enumerate(frontier):
                 output_of[node] = out[0, row]
@@ -327,15 +322,11 @@ class EagleDrafter(CommittedRowsDrafter):
 
 
 # ---- the family -------------------------------------------------------------------------------------------------
-def _builder(kind: str):
-    def build(argument: str, target, settings) -> EagleDrafter:
-        source = checkpoint_files.source_of(argument, target.name, kind, f"no {TITLES[kind]} is shipped for "
-                                            f"{target.name}; give {kind}:<dir or hub id>")
-        head = load_head(source, target.model, kind=kind)
-        name = f"{kind}:{argument}" if argument else kind
-        return EagleDrafter(head, target.vocab_size, name=name, stochastic_tree=bool(settings["stochastic_tree"]),
-                            draft_quant=settings["draft_quant"])
-    return build
+def _loader(kind: str):
+    def load(source: str | Path, target, settings, name: str) -> EagleDrafter:
+        return EagleDrafter(load_head(source, target.model, kind=kind), target.vocab_size, name=name,
+                            stochastic_tree=bool(settings["stochastic_tree"]), draft_quant=settings["draft_quant"])
+    return load
 
 
 FAMILIES = {kind: checkpoint_files.checkpoint_family(
@@ -347,7 +338,7 @@ FAMILIES = {kind: checkpoint_files.checkpoint_family(
                  "or a chain with --chain)" if kind == "eagle" else
                  "a one-layer head drafting from three target layers, low/mid/high (EAGLE-3; EAGLE-2's dynamic "
                  "tree, or a chain with --chain)") + "; bare name: the head shipped for the target",
-    build=_builder(kind),
+    load=_loader(kind),
     reads=("stochastic_tree", "min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers, kind=kind: layouts.default_feature_layers(kind, num_layers),
     features=("`hidden_states[L]` (after the final norm)" if kind == "eagle" else

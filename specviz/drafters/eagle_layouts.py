@@ -15,13 +15,24 @@ a ``LlamaForCausalLM`` EAGLE-3 config naming ids is refused, since SGLang and vL
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import fields as spec_fields
 from types import SimpleNamespace
 
 import torch
 
 from specviz.drafters.checkpoint_files import TargetShape
-from specviz.drafters.head_layer import layer_shapes
-from specviz.drafters.layouts import DecoderSpec, Format, Layout, fits
+from specviz.drafters.layouts import (
+    DecoderSpec,
+    Field,
+    Layout,
+    check_draft_ids,
+    check_layers,
+    fits,
+    lookup,
+    named,
+    read_fields,
+    write_fields,
+)
 from specviz.errors import SpecvizError
 
 #: Our config key holding the ``HeadSpec``.
@@ -75,19 +86,6 @@ class HeadSpec(DecoderSpec):
         """Width of ``fc``'s input: cat(embedding, feature) for EAGLE-1, the concatenated features for EAGLE-3."""
         return 2 * self.hidden_size if self.kind == "eagle" else len(self.feature_layers) * self.hidden_size
 
-    @property
-    def attention_in(self) -> int:
-        """Width of q/k/v's input: the hidden state (EAGLE-1) or cat(norm(embedding), norm(hidden)) (EAGLE-3)."""
-        return self.hidden_size if self.kind == "eagle" else 2 * self.hidden_size
-
-    @property
-    def layer_options(self) -> dict:
-        """The ``head_layer.DecoderLayer`` options of the head's layer: EAGLE-1's reads ``fc``'s output without an
-        input norm; EAGLE-3's attention reads cat(input_layernorm(embedding), hidden_norm(hidden))."""
-        eagle3 = self.kind == "eagle3"
-        return dict(attention_in=self.attention_in, input_norm=False, two_streams=eagle3,
-                    norm_residual=self.norm_before_residual)
-
 
 def default_feature_layers(kind: str, num_layers: int) -> tuple[int, ...]:
     """EAGLE-1: the final norm's output ``hidden_states[L]``; EAGLE-3: ``hidden_states[2]``, ``[L//2]``, ``[L-3]``."""
@@ -96,78 +94,65 @@ def default_feature_layers(kind: str, num_layers: int) -> tuple[int, ...]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-# ---- reading configs ----------------------------------------------------------------------------------------------
-def _aux_ids(config: dict) -> list[int] | None:
-    """``eagle_aux_hidden_state_layer_ids`` at the top level or nested under ``eagle_config`` (SpecForge)."""
-    ids = config.get("eagle_aux_hidden_state_layer_ids")
-    nested = config.get("eagle_config") or {}
-    if ids is None and isinstance(nested, dict):
-        ids = nested.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None:
-        return None
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise SpecvizError(f"eagle_aux_hidden_state_layer_ids must be a list of integers, got {ids!r}")
-    return ids
+# ---- configs ------------------------------------------------------------------------------------------------------
+IDS = "eagle_aux_hidden_state_layer_ids"
+#: What each dialect's config.json holds beside the decoder layer. Feature layers: speculators ids are
+#: ``hidden_states`` indices already, SpecForge's are output-of-layer ids (nested or at the top level); the official
+#: layout names none (EAGLE-3's default).
+EAGLE3 = (Field("draft_vocab_size"), Field("fc_norm", default=False))
+LLAMA_EAGLE3 = (*EAGLE3, Field("logits_norm", "norm_output", True))
+FIELDS = {
+    "eagle1-official": (Field("fc_bias", "bias"),),
+    "eagle3-official": LLAMA_EAGLE3,
+    "eagle3-specforge": (*LLAMA_EAGLE3, Field("feature_layers", f"eagle_config.{IDS}", also=(IDS,), shift=1)),
+    "eagle3-speculators": (*EAGLE3, Field("norm_before_fc", default=False), Field("feed_normed", "norm_output", False),
+                           Field("norm_before_residual", default=False),
+                           Field("feature_layers", IDS, also=(f"eagle_config.{IDS}",))),
+}
+#: EAGLE-3 options a dialect holds only where its fields say; elsewhere they must keep the spec's default.
+OPTIONS = ("fc_bias", "fc_norm", "norm_before_fc", "norm_before_residual", "logits_norm", "feed_normed")
+DEFAULTS = {f.name: f.default for f in spec_fields(HeadSpec)}
+#: Each dialect's config.json beyond the fields: where the decoder layer's config sits (the top level where not
+#: listed) and what the format always says.
+LAYER_AT = {"eagle3-speculators": "transformer_layer_config"}
+CONSTANTS = {
+    "eagle1-official": {"architectures": ["LlamaForCausalLM"]},
+    "eagle3-official": {"architectures": ["LlamaForCausalLM"]},
+    "eagle3-specforge": {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"use_aux_hidden_state": True}},
+    "eagle3-speculators": {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                           "target_hidden_size": None,
+                           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                                  "proposal_methods": [{"proposal_type": "greedy",
+                                                                        "speculative_tokens": 3}],
+                                                  "verifier": {"name_or_path": None, "architectures": []}}},
+}
 
 
-def _head_fields(layer: dict | None, target: TargetShape, dialect: str) -> dict:
-    """The decoder layer's fields (speculators nest them under ``transformer_layer_config``), refusing in one line
-    what a one-layer Llama-style head of the target's width does not have."""
-    if not isinstance(layer, dict):
-        raise SpecvizError("the speculators config lacks transformer_layer_config")
-    if dialect == "eagle3-speculators" and layer.get("model_type", "llama") != "llama":
-        raise SpecvizError(f"speculators heads with {layer.get('model_type')!r} layers (q/k norms) are not supported; "
-                           f"only Llama-style layers are")
-    if int(layer.get("num_hidden_layers", 1)) != 1:
-        raise SpecvizError(f"the head has {layer.get('num_hidden_layers')} decoder layers; only one-layer EAGLE heads "
-                           f"are supported")
-    if layer.get("hidden_act", "silu") != "silu":
-        raise SpecvizError(f"the head's activation is {layer.get('hidden_act')!r}; only silu is supported")
-    if layer.get("attention_bias") or layer.get("mlp_bias"):
-        raise SpecvizError("heads with attention or MLP biases are not supported")
-    fields = DecoderSpec.fields_from(layer, "the head's")
-    fits(SimpleNamespace(**fields), target, "the head is", ())  # a head for another target: say so first
-    return fields
-
-
-def _read_eagle1(config: dict, target: TargetShape, shapes: dict | None) -> HeadSpec:
-    """EAGLE's loader: ``bias`` absent means a bias, unless the weights (when known) have no ``fc.bias``."""
-    bias = config.get("bias", True if shapes is None else "fc.bias" in shapes)
-    fields = _head_fields(config, target, "eagle1-official")
-    return HeadSpec(kind="eagle", draft_vocab_size=fields["vocab_size"], feature_layers=(target.num_layers,),
-                    fc_bias=bool(bias), logits_norm=False, **fields)
-
-
-def _eagle3_reader(dialect: str):
+def _reader(dialect: str):
     def read(config: dict, target: TargetShape, shapes: dict | None) -> HeadSpec:
-        target_hidden = config.get("target_hidden_size")
-        layer = config.get("transformer_layer_config") if dialect == "eagle3-speculators" else config
-        fields = _head_fields(layer, target, dialect)
-        if target_hidden is not None and int(target_hidden) != fields["hidden_size"]:
-            raise SpecvizError(f"the head is {fields['hidden_size']} wide over {target_hidden}-wide target features "
-                               f"(target_hidden_size); heads of another width than their target are not supported")
-        ids = _aux_ids(config)
-        nested = config.get("eagle_config") or {}
-        if isinstance(nested, dict) and nested.get("use_aux_hidden_state") is False:
+        """The head's spec: its one Llama-style decoder layer (refused in one line where ours differ; a head for
+        another target is said so first), then the dialect's fields."""
+        layer = config.get(LAYER_AT[dialect]) if dialect in LAYER_AT else config
+        if not isinstance(layer, dict):
+            raise SpecvizError(f"the speculators config lacks {LAYER_AT[dialect]}")
+        decoder = DecoderSpec.fields_from(layer, "the head's")
+        fits(SimpleNamespace(**decoder), target, "the head is", ())
+        check_layers(layer, "the head", style="llama" if dialect in LAYER_AT else "", count=1,
+                     target_hidden=config.get("target_hidden_size"))
+        if dialect == "eagle1-official":  # EAGLE's loader: no ``bias`` means a bias, unless the weights have none
+            return HeadSpec(kind="eagle", draft_vocab_size=decoder["vocab_size"], feature_layers=(target.num_layers,),
+                            logits_norm=False, **read_fields(config, FIELDS[dialect], HeadSpec,
+                                                             fc_bias=shapes is None or "fc.bias" in shapes), **decoder)
+        if lookup(config, "eagle_config.use_aux_hidden_state") is False:
             raise SpecvizError("eagle_config.use_aux_hidden_state is false (a head without target features) is not "
                                "supported")
-        flags = dict(fc_norm=bool(config.get("fc_norm", False)))
-        if dialect == "eagle3-official":
-            if ids is not None:
-                raise SpecvizError("eagle_aux_hidden_state_layer_ids in a LlamaForCausalLM EAGLE-3 config is "
-                                   "ambiguous (SGLang reads output-of-layer ids, vLLM hidden_states ids); say "
-                                   "LlamaForCausalLMEagle3 (SGLang) or convert it to the speculators format (vLLM)")
-            flags["logits_norm"] = bool(config.get("norm_output", True))
-        elif dialect == "eagle3-specforge":  # SGLang: output of layer id = hidden_states[id + 1]
-            flags["logits_norm"] = bool(config.get("norm_output", True))
-            ids = None if ids is None else [i + 1 for i in ids]
-        else:  # speculators: hidden_states indices already
-            flags.update(norm_before_fc=bool(config.get("norm_before_fc", False)),
-                         norm_before_residual=bool(config.get("norm_before_residual", False)),
-                         feed_normed=bool(config.get("norm_output", False)))
-        return HeadSpec(kind="eagle3", draft_vocab_size=int(config.get("draft_vocab_size") or fields["vocab_size"]),
-                        feature_layers=tuple(ids or default_feature_layers("eagle3", target.num_layers)),
-                        own_lm_head=True, **flags, **fields)
+        if dialect == "eagle3-official" and (IDS in config or lookup(config, f"eagle_config.{IDS}") is not None):
+            raise SpecvizError(f"{IDS} in a LlamaForCausalLM EAGLE-3 config is ambiguous (SGLang reads "
+                               f"output-of-layer ids, vLLM hidden_states ids); say LlamaForCausalLMEagle3 (SGLang) or "
+                               f"convert it to the speculators format (vLLM)")
+        return HeadSpec(kind="eagle3", own_lm_head=True, **read_fields(
+            config, FIELDS[dialect], HeadSpec, draft_vocab_size=decoder["vocab_size"],
+            feature_layers=default_feature_layers("eagle3", target.num_layers)), **decoder)
     return read
 
 
@@ -176,84 +161,37 @@ def check_fits(spec: HeadSpec, target: TargetShape) -> None:
     fits(spec, target, "the head is", spec.feature_layers, raw=spec.kind == "eagle3")
 
 
-# ---- writing configs ----------------------------------------------------------------------------------------------
-def _write_eagle1(spec: HeadSpec, target_name: str) -> dict:
-    if spec.kind != "eagle":
-        raise SpecvizError(f"a {spec.kind} head cannot be written in the eagle1-official layout")
-    if spec.reduced_vocab:
-        raise SpecvizError("EAGLE-1's layout has no draft vocabulary; save this head in the specviz layout")
-    return {"architectures": ["LlamaForCausalLM"], **spec.decoder_config("llama", 1), "bias": spec.fc_bias}
+def _writer(dialect: str):
+    kind = "eagle" if dialect == "eagle1-official" else "eagle3"
 
-
-def _eagle3_writer(dialect: str):
     def write(spec: HeadSpec, target_name: str) -> dict:
         """config.json in ``dialect``; refuses what the layout cannot express (one line)."""
-        if spec.kind != "eagle3":
+        if spec.kind != kind:
             raise SpecvizError(f"a {spec.kind} head cannot be written in the {dialect} layout")
-        if spec.fc_bias:
-            raise SpecvizError(f"the {dialect} layout has no fc bias")
-        llama, layers = spec.decoder_config("llama", 1), spec.feature_layers
-        if dialect == "eagle3-speculators":
-            if not spec.logits_norm:
-                raise SpecvizError("the speculators layout always applies norm before lm_head")
-            return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-                    "transformer_layer_config": llama, "draft_vocab_size": spec.draft_vocab_size,
-                    "norm_before_residual": spec.norm_before_residual, "norm_before_fc": spec.norm_before_fc,
-                    "fc_norm": spec.fc_norm, "norm_output": spec.feed_normed, "target_hidden_size": None,
-                    "eagle_aux_hidden_state_layer_ids": list(layers),
-                    "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                           "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                           "verifier": {"name_or_path": None, "architectures": []}}}
-        if spec.feed_normed or spec.norm_before_residual or spec.norm_before_fc:
-            raise SpecvizError(f"the {dialect} layout cannot express feed_normed / norm_before_residual / "
-                               f"norm_before_fc")
-        out = {**llama, "draft_vocab_size": spec.draft_vocab_size, "fc_norm": spec.fc_norm,
-               "norm_output": spec.logits_norm}
-        if dialect == "eagle3-specforge":  # SGLang numbering: output of layer id
-            return {"architectures": ["LlamaForCausalLMEagle3"], **out,
-                    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
-                                     "use_aux_hidden_state": True}}
-        if len(layers) != 3 or layers != default_feature_layers("eagle3", layers[2] + 3):
+        if kind == "eagle" and spec.reduced_vocab:
+            raise SpecvizError("EAGLE-1's layout has no draft vocabulary; save this head in the specviz layout")
+        held = {entry.ours for entry in FIELDS[dialect]}
+        unheld = [f"{name}={getattr(spec, name)}" for name in (OPTIONS if kind == "eagle3" else ())
+                  if name not in held and getattr(spec, name) != DEFAULTS[name]]
+        if unheld:
+            raise SpecvizError(f"the {dialect} layout cannot express {', '.join(unheld)}")
+        layers = spec.feature_layers
+        if dialect == "eagle3-official" and layers != default_feature_layers("eagle3", layers[-1] + 3):
             raise SpecvizError("the official EAGLE-3 layout cannot name feature layers other than the default "
                                "(2, L//2, L-3); use eagle3-specforge or eagle3-speculators")
-        return {"architectures": ["LlamaForCausalLM"], **out}
+        llama = spec.decoder_config("llama", 1)
+        config = {**CONSTANTS[dialect], **({LAYER_AT[dialect]: llama} if dialect in LAYER_AT else llama)}
+        return write_fields(spec, FIELDS[dialect], config)
     return write
 
 
 # ---- tensors ----------------------------------------------------------------------------------------------------
-def expected_shapes(spec: HeadSpec) -> dict[str, tuple[int, ...]]:
-    """Our tensor names (the head module's ``state_dict``) and their shapes."""
-    h = spec.hidden_size
-    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, spec.fc_in)}
-    if spec.fc_bias:
-        shapes["fc.bias"] = (h,)
-    shapes.update(layer_shapes(spec, "layer.", **spec.layer_options))
-    if spec.kind == "eagle3":
-        shapes["norm.weight"] = (h,)
-        for i in range(len(spec.feature_layers) if spec.fc_norm else 0):
-            shapes[f"fc_norm.{i}.weight"] = (h,)
-        if spec.norm_before_fc:
-            shapes["input_norm.weight"] = (spec.fc_in,)
-    if spec.own_lm_head:
-        shapes["lm_head.weight"] = (spec.draft_vocab_size, h)
-    if spec.reduced_vocab:
-        shapes["d2t"] = (spec.draft_vocab_size,)
-    return shapes
-
-
 def target_ids(d2t: torch.Tensor) -> torch.Tensor:
     """Draft id -> target id from EAGLE-3's offsets (``target = draft + d2t[draft]``)."""
     return torch.arange(d2t.shape[0], device=d2t.device) + d2t
 
 
-def check_draft_ids(ids: torch.Tensor, vocab_size: int) -> None:
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise SpecvizError(f"the draft vocabulary maps to ids outside the target's [0, {vocab_size})")
-    if ids.unique().numel() != ids.numel():
-        raise SpecvizError("the draft vocabulary maps two draft ids to the same target id")
-
-
-def _check_d2t(state: dict[str, torch.Tensor], spec: HeadSpec) -> None:
+def check_d2t(state: dict[str, torch.Tensor], spec: HeadSpec) -> None:
     """A full-vocabulary ``d2t`` is all zeros (anything else is a bug); a reduced one must map into the target's."""
     if "d2t" in state and not spec.reduced_vocab and bool(state.pop("d2t").ne(0).any()):
         raise SpecvizError("d2t maps a full draft vocabulary to other ids; the checkpoint is inconsistent")
@@ -270,13 +208,8 @@ def _eagle3_extras(spec: HeadSpec, head) -> dict[str, torch.Tensor]:
 
 
 # ---- the layouts ------------------------------------------------------------------------------------------------
-def _llama(config: dict) -> bool:
-    return "LlamaForCausalLM" in (config.get("architectures") or [])
-
-
 def _eagle3_config(config: dict) -> bool:
-    return any(k in config for k in ("draft_vocab_size", "eagle_config", "eagle_aux_hidden_state_layer_ids",
-                                     "target_hidden_size"))
+    return any(k in config for k in ("draft_vocab_size", "eagle_config", IDS, "target_hidden_size"))
 
 
 def _speculators(config: dict, keys) -> bool:
@@ -290,38 +223,34 @@ def _speculators(config: dict, keys) -> bool:
                        f"load the original EAGLE checkpoint")
 
 
-#: Every published layout: the target's embedding stored beside the head (checked, never loaded), buffers and
-#: checks-only tensors ignored.
-PUBLISHED = dict(carried=(("embed_tokens.weight", "embedding"),),
-                 ignored=("t2d", "verifier_lm_head.weight", "verifier_norm.weight", "{rest}rotary_emb.inv_freq"))
 HASS = tuple((f"{name}.{{rest}}", "HASS-style extra layernorms ({name}) are not supported")
              for name in ("embed_layernorm", "post_embedding_layernorm"))
+
+
+def _layout(dialect: str, recognise, names: tuple[tuple, ...], refused: tuple[tuple[str, str], ...] = ()) -> Layout:
+    """Every published layout: the target's embedding stored beside the head (checked, never loaded), buffers and
+    checks-only tensors ignored, HASS's extra layernorms refused; EAGLE-3's ``lm_head`` and ``t2d`` written."""
+    return Layout(dialect, recognise=recognise, read=_reader(dialect), write=_writer(dialect), names=names,
+                  carried=(("embed_tokens.weight", "embedding"),), refused=HASS + refused,
+                  ignored=("t2d", "verifier_lm_head.weight", "verifier_norm.weight", "{rest}rotary_emb.inv_freq"),
+                  extras=None if dialect == "eagle1-official" else _eagle3_extras)
+
+
 #: EAGLE-3's decoder layer is ``midlayer`` (``layers.0`` as vLLM renames it); vLLM's ``draft_id_to_target_id`` is d2t.
 EAGLE3_NAMES = (("layer.{rest}", "midlayer.{rest}"), ("layer.{rest}", "layers.0.{rest}"), ("d2t", "d2t"),
                 ("d2t", "draft_id_to_target_id"), ("{rest}", "{rest}"))
-FORMAT = Format(
-    what="EAGLE head",
-    layouts=(
-        Layout.own(HeadSpec, "SpecvizEagleHead", lambda spec: ["embedding"] + ([] if spec.own_lm_head else ["output"])),
-        Layout("eagle3-speculators", recognise=_speculators, read=_eagle3_reader("eagle3-speculators"),
-               write=_eagle3_writer("eagle3-speculators"), names=EAGLE3_NAMES[1:], extras=_eagle3_extras,
-               refused=HASS, **PUBLISHED),
-        Layout("eagle3-specforge", recognise=lambda config, keys: "LlamaForCausalLMEagle3" in (
-            config.get("architectures") or []), read=_eagle3_reader("eagle3-specforge"),
-               write=_eagle3_writer("eagle3-specforge"), names=EAGLE3_NAMES, extras=_eagle3_extras, refused=HASS,
-               **PUBLISHED),
-        Layout("eagle3-official", read=_eagle3_reader("eagle3-official"), write=_eagle3_writer("eagle3-official"),
-               recognise=lambda config, keys: _llama(config) and (_eagle3_config(config) if keys is None else any(
-                   k.startswith("midlayer.") for k in keys) or bool({"d2t", "norm.weight"} & keys)),
-               names=EAGLE3_NAMES, extras=_eagle3_extras, refused=HASS, **PUBLISHED),
-        Layout("eagle1-official", read=_read_eagle1, write=_write_eagle1,
-               recognise=lambda config, keys: _llama(config) and not _eagle3_config(config) and (
-                   keys is None or "fc.weight" in keys),
-               names=(("layer.{rest}", "layers.0.{rest}"), ("{rest}", "{rest}")),
-               refused=HASS + (("layers.0.input_layernorm.weight", "EAGLE-1's first layer has no input_layernorm; "
-                                "this checkpoint has one (not EAGLE-1)"),), **PUBLISHED),
-    ),
-    expected_shapes=expected_shapes, check_fits=check_fits, prepare=_check_d2t,
-    unknown="not an EAGLE head config: architectures {architectures} (expected LlamaForCausalLM, "
-            "LlamaForCausalLMEagle3 or a speculators eagle3 config)")
-DIALECTS = FORMAT.names
+LAYOUTS = (
+    Layout.own(HeadSpec, "SpecvizEagleHead", lambda spec: ["embedding"] + ([] if spec.own_lm_head else ["output"])),
+    _layout("eagle3-speculators", _speculators, EAGLE3_NAMES[1:]),
+    _layout("eagle3-specforge", lambda config, keys: named(config, "LlamaForCausalLMEagle3"), EAGLE3_NAMES),
+    _layout("eagle3-official", lambda config, keys: named(config, "LlamaForCausalLM") and (
+        _eagle3_config(config) if keys is None else any(k.startswith("midlayer.") for k in keys)
+        or bool({"d2t", "norm.weight"} & keys)), EAGLE3_NAMES),
+    _layout("eagle1-official", lambda config, keys: named(config, "LlamaForCausalLM") and not _eagle3_config(config)
+            and (keys is None or "fc.weight" in keys), (("layer.{rest}", "layers.0.{rest}"), ("{rest}", "{rest}")),
+            refused=(("layers.0.input_layernorm.weight", "EAGLE-1's first layer has no input_layernorm; this "
+                      "checkpoint has one (not EAGLE-1)"),)),
+)
+DIALECTS = tuple(layout.name for layout in LAYOUTS)
+UNKNOWN = ("not an EAGLE head config: architectures {architectures} (expected LlamaForCausalLM, "
+           "LlamaForCausalLMEagle3 or a speculators eagle3 config)")

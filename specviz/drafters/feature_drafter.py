@@ -24,7 +24,7 @@ from specviz.drafters.dynamic_tree import Candidate
 from specviz.drafters.head_parts import drafting_copy
 from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget, Drafter, cache_capacity
-from specviz.engine.features import TargetFeatures
+from specviz.engine.features import NUMBERING, TargetFeatures
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
 
@@ -58,6 +58,11 @@ class FeatureDrafter(Drafter):
         self.vocab_size = vocab_size
         self.runner, self.draft_quant = drafting_copy(network.eval(), pack, draft_quant)
         return network
+
+    def describe(self) -> dict:
+        """What a run's header records of the drafter; a family adds its own entries."""
+        return {"name": self.name, "feature_layers": list(self.feature_layers), "feature_numbering": NUMBERING,
+                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
 
     def begin(self, prompt_ids: list[int], max_new_tokens: int | None = None,
               budget: DraftBudget | None = None) -> None:
@@ -190,6 +195,19 @@ class CommittedRowsDrafter(FeatureDrafter):
             first, outs = self._tail[k]
             keep = min(self._rows[k + 1], self._rows[k] - 1) if k + 1 < self.steps else self._rows[k] - 1
             self._tail[k] = (keep, outs[keep - first:])
+
+    def draft_inputs(self, k: int, nodes: Sequence[int], candidates: Sequence[Candidate], slots: dict[int, int],
+                     length: int) -> tuple[DynamicCache, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """What step k's draft rows of ``nodes`` take after ``length`` tokens: the step's cache (``slots`` notes the
+        entry each row gets in it), their tree mask, and ``[1, n]`` tokens and positions (a node at depth d sits at
+        P + d - k, P = length - 2 the last position with a target feature)."""
+        cache = self._caches[k]
+        cached = kv.cache_length(cache)
+        slots.update({node: cached + row for row, node in enumerate(nodes)})
+        mask = draft_mask(nodes, candidates, cached, self._rows[k], slots, self._device)
+        tokens = torch.tensor([[candidates[node].token for node in nodes]], device=self._device)
+        positions = torch.tensor([[length - 2 - k + candidates[node].depth for node in nodes]], device=self._device)
+        return cache, mask, tokens, positions
 
     def commit(self, context: list[int], tree: DraftTree, accepted: list[int]) -> None:
         """Drop the round's draft rows: accepted tokens get theirs again, from the committed text, at ``catch_up``."""

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specviz.drafters.borrowed import Borrowed, rope_frequencies
+from specviz.drafters.head_parts import inference_copy
 from specviz.drafters.layouts import DecoderSpec, Spec
 from specviz.errors import SpecvizError
 
@@ -133,14 +134,6 @@ class DecoderLayer(nn.Module):
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
 
-def layer_shapes(spec: DecoderSpec, prefix: str = "", **options) -> dict[str, tuple[int, ...]]:
-    """The tensor names (under ``prefix``) and shapes of a ``DecoderLayer(spec, **options)``, for a family's layout
-    declarations: read from the layer itself, built on the meta device (no memory), so the two cannot part."""
-    with torch.device("meta"):
-        layer = DecoderLayer(spec, **options)
-    return {prefix + name: tuple(value.shape) for name, value in layer.state_dict().items()}
-
-
 class DraftNetwork(nn.Module):
     """The frame of a drafter network over a target: its ``spec``, the target's embedding and output layer borrowed
     (``borrowed``: never parameters, so never trained, moved, saved or counted), RoPE's frequencies (``_rope``) for its
@@ -211,3 +204,15 @@ class DraftNetwork(nn.Module):
             return self._output_op(h)
         layer = self.borrowed.output
         return layer(h.to(layer.weight.dtype))
+
+    def output_rows(self) -> tuple[torch.Tensor, bool]:
+        """The ``[V, H]`` rows a draft step's logits multiply, and whether the drafting copy runs them as they are
+        (the fast target's output layer comes packed)."""
+        return self.borrowed.output.weight, self.borrowed.output_packed
+
+    def for_inference(self, draft_quant: str = "off") -> DraftNetwork:
+        """The network's copy for drafting, every tensor shared (``head_parts.inference_copy``): its projections
+        through pre-packed kernels where they run, as the fast target path does, the output rows in int8 with
+        ``draft_quant="int8"``. The network itself stays trainable."""
+        rows, packed = self.output_rows()
+        return inference_copy(self, next(self.parameters()), rows, draft_quant, rows_packed=packed)

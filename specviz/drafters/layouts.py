@@ -16,9 +16,13 @@ names, ours <-> theirs, in a small pattern language:
 A third element of a pair converts values (``Convert``: MiMo's swapped halves, Qwen3-Next's zero-centred norms).
 ``carried`` names copies of target tensors a format stores (checked to be this target's, never loaded; written from
 the target on save unless ``writes_carried`` is False), ``ignored`` names buffers, ``refused`` names tensors that
-mean the checkpoint is something we do not run. A family's ``Format`` gathers its layouts with its tensor shapes,
-and loads, saves and judges any of them: supporting a new published format is one more ``Layout`` and a test that
-re-saves a drafter in it.
+mean the checkpoint is something we do not run.
+
+A format's config fields are a table too (``Field``: our spec field, where the format keeps it, its default, its
+layer-id numbering), read by ``read_fields`` and written by ``write_fields``; ``check_layers`` refuses, in one line,
+published decoder layers our ``DecoderLayer`` does not build. A family's ``Format`` gathers its layouts with its
+tensor shapes (read from its network itself: ``network_shapes``), and loads, saves and judges any of them:
+supporting a new published format is one more ``Layout`` and a test that re-saves a drafter in it.
 """
 
 from __future__ import annotations
@@ -177,11 +181,11 @@ class Format:
 
     ``what`` names the drafter in errors ("Medusa heads"); ``unknown`` is the one line for a folder no layout
     recognises (formatted with ``architectures`` and ``model_type``); ``expected_shapes(spec)``: our names and
-    shapes; ``check_fits(spec, target)``: the spec against the target; ``env(spec)``: the names' constants and
-    ranges. Hooks: ``select(config, shapes)`` keeps the drafter's tensors of a bigger checkpoint; ``prepare(state,
-    spec)`` applies a family's rules to the renamed state before it is checked. ``pickles``: the ``.bin`` / ``.pt``
-    files read (through ``torch.load(weights_only=True)``) when there are no safetensors; ``choose_files``: which
-    files of a hub repository to fetch (``checkpoint_files.resolve_source``)."""
+    shapes (``network_shapes``); ``check_fits(spec, target)``: the spec against the target; ``env(spec)``: the
+    names' constants and ranges. Hooks: ``select(config, shapes)`` keeps the drafter's tensors of a bigger
+    checkpoint; ``prepare(state, spec)`` applies a family's rules to the renamed state before it is checked.
+    ``pickles``: the ``.bin`` / ``.pt`` files read (through ``torch.load(weights_only=True)``) when there are no
+    safetensors; ``choose_files``: which files of a hub repository to fetch (``checkpoint_files.resolve_source``)."""
 
     what: str
     layouts: tuple[Layout, ...]
@@ -334,6 +338,18 @@ class Format:
         return checkpoint_files.write(Path(folder), written, out, chosen.filename)
 
 
+def network_shapes(network: Callable[..., nn.Module]) -> Callable[[Any], dict[str, tuple[int, ...]]]:
+    """A ``Format.expected_shapes``: our tensor names and shapes for a spec, read from the family's network itself
+    (``network(spec, embedding=, output=)``) built on the meta device (no memory) around stand-ins for the borrowed
+    target tensors, so the names a layout maps and the module that loads them cannot part."""
+    def shapes(spec) -> dict[str, tuple[int, ...]]:
+        with torch.device("meta"):
+            module = network(spec, embedding=torch.empty(spec.vocab_size, spec.hidden_size),
+                             output=nn.Linear(spec.hidden_size, spec.vocab_size, bias=False))
+        return {name: tuple(value.shape) for name, value in module.state_dict().items()}
+    return shapes
+
+
 def build(module_type, model: nn.Module, spec, state: dict[str, torch.Tensor] | None = None):
     """``module_type(spec, embedding=, output=)`` on the target ``model``'s device, borrowing its embedding and output
     layer (noting whether that is the fast path's pre-packed one); ``state`` (our names) loads its weights, floats
@@ -437,8 +453,130 @@ def fits(spec, target: TargetShape, who: str, layers: tuple[int, ...], raw: bool
         raise SpecvizError(f"it reads raw layer outputs; {final} (a layer-numbering mistake?)")
 
 
+def named(config: dict, *architectures: str) -> bool:
+    """Whether config.json's ``architectures`` names any of ``architectures``."""
+    return any(str(name) in architectures for name in config.get("architectures") or [])
+
+
 def require(config: dict, *names: str) -> None:
     """One line naming the fields config.json lacks."""
     missing = [n for n in names if config.get(n) is None]
     if missing:
         raise SpecvizError(f"config.json lacks {', '.join(missing)}")
+
+
+#: The decoder-layer styles ``DecoderLayer`` builds, by published ``model_type``.
+STYLES = {"llama": "Llama", "qwen3": "Qwen3"}
+
+
+def check_layers(config: dict, who: str, *, style: str = "", count: int | None = None,
+                 target_hidden: int | None = None) -> None:
+    """Refuse in one line the decoder layers of a published config that ours do not build: another ``model_type``
+    than ``style`` (where the family requires one), another number than ``count`` (where it requires one), an
+    activation other than silu, attention or MLP biases, sliding windows, or another width than the target features
+    they read (``target_hidden``, the config's ``target_hidden_size``). ``who`` names the drafter ("the head")."""
+    model_type = config.get("model_type", style)
+    if style and model_type != style:
+        raise SpecvizError(f"{who}'s layers of model_type {model_type!r} are not supported; only {STYLES[style]}-style "
+                           f"layers are")
+    if count is not None and int(config.get("num_hidden_layers", count)) != count:
+        raise SpecvizError(f"{who} has {config['num_hidden_layers']} decoder layers; only {count} is supported")
+    if config.get("hidden_act", "silu") != "silu":
+        raise SpecvizError(f"{who}'s activation is {config.get('hidden_act')!r}; only silu is supported")
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise SpecvizError(f"{who} has attention or MLP biases, which are not supported")
+    if config.get("use_sliding_window") or set(config.get("layer_types") or ["full_attention"]) != {"full_attention"}:
+        raise SpecvizError(f"{who} has sliding-window layers, which are not supported; only full attention is")
+    if target_hidden is not None and int(target_hidden) != int(config["hidden_size"]):
+        raise SpecvizError(f"{who} is {config['hidden_size']} wide over {target_hidden}-wide target features "
+                           f"(target_hidden_size); drafters of another width than their target are not supported")
+
+
+def check_draft_ids(ids: torch.Tensor, vocab_size: int) -> None:
+    """The target ids of a reduced draft vocabulary (EAGLE-3's ``d2t``, vLLM Medusa's ``token_map``): inside the
+    target's vocabulary, none twice (one line each)."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise SpecvizError(f"the draft vocabulary maps to ids outside the target's [0, {vocab_size})")
+    if ids.unique().numel() != ids.numel():
+        raise SpecvizError("the draft vocabulary maps two draft ids to the same target id")
+
+
+# ---- config fields as declarations ----------------------------------------------------------------------------------
+#: A ``Field`` default: the config must hold the field (or the family give a value for it).
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """A spec field as a layout's config.json holds it, read by ``read_fields`` and written by ``write_fields``.
+
+    ``theirs``: where it is written (dotted for nested: ``eagle_config.norm_output``; blank: our name), ``also``:
+    other places it is read from (the first present wins); ``default`` when none is (``REQUIRED``: refused in one
+    line unless the family gives one); ``shift``: a list of layer ids there names ``hidden_states[id + shift]``
+    (SGLang and DFlash count "output of layer id": 1). The spec's own annotation says how a value is checked."""
+
+    ours: str
+    theirs: str = ""
+    default: Any = REQUIRED
+    also: tuple[str, ...] = ()
+    shift: int = 0
+
+    @property
+    def places(self) -> tuple[str, ...]:
+        return (self.theirs or self.ours, *self.also)
+
+
+def lookup(config: dict, path: str):
+    """The value at a dotted ``path`` of ``config``, None where any step is missing or not a dict."""
+    for step in path.split("."):
+        config = config.get(step) if isinstance(config, dict) else None
+    return config
+
+
+_SCALARS = {"bool": bool, "float": float, "str": str}
+
+
+def _checked(value, kind: str, place: str, shift: int):
+    """``value`` (found at ``place``) as a spec field annotated ``kind`` holds it; one line when it cannot."""
+    if kind in _SCALARS:
+        try:
+            return _SCALARS[kind](value)
+        except (TypeError, ValueError):
+            raise SpecvizError(f"{place} must be a {kind}, got {value!r}") from None
+    many = kind.startswith("tuple")
+    ints = value if many else [value]
+    if not isinstance(ints, list) or not ints or any(isinstance(i, bool) or not isinstance(i, int) for i in ints):
+        raise SpecvizError(f"{place} must be {'a non-empty list of integers' if many else 'an integer'}, got "
+                           f"{value!r}")
+    return tuple(i + shift for i in ints) if many else value
+
+
+def read_fields(config: dict, table: tuple[Field, ...], spec_type, **defaults) -> dict:
+    """The spec fields ``table`` declares, as ``config`` holds them, each checked by ``spec_type``'s annotation;
+    ``defaults``: values that depend on the target, for fields a config leaves out or a layout never names."""
+    kinds = {f.name: str(f.type) for f in fields(spec_type)}
+    out = dict(defaults)
+    for entry in table:
+        place = next((p for p in entry.places if lookup(config, p) is not None), None)
+        if place is not None:
+            out[entry.ours] = _checked(lookup(config, place), kinds[entry.ours], place, entry.shift)
+        elif entry.ours not in defaults:
+            if entry.default is REQUIRED:
+                name = entry.places[0].rsplit(".", 1)[-1]
+                where = "" if entry.places == (name,) else f" ({' / '.join(entry.places)})"
+                raise SpecvizError(f"config.json lacks {name}{where}")
+            out[entry.ours] = entry.default
+    return out
+
+
+def write_fields(spec, table: tuple[Field, ...], config: dict) -> dict:
+    """``config`` with ``table``'s fields of ``spec`` written in where the table says (nested entries merged)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+    for entry in table:
+        value = getattr(spec, entry.ours)
+        *parents, last = entry.places[0].split(".")
+        node = out
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[last] = [i - entry.shift for i in value] if isinstance(value, tuple) else value
+    return out

@@ -38,10 +38,9 @@ from specviz.drafters import medusa_layouts as layouts
 from specviz.drafters.feature_drafter import FeatureDrafter, rows_by_depth
 from specviz.drafters.head_layer import DraftNetwork
 from specviz.drafters.head_parts import inference_copy, output_projection, target_parts
-from specviz.drafters.layouts import build
+from specviz.drafters.layouts import Format, build, fits, network_shapes
 from specviz.drafters.medusa_layouts import MedusaSpec
 from specviz.engine.drafter import DraftBudget
-from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
@@ -117,6 +116,15 @@ class MedusaHeads(DraftNetwork):
         return fast
 
 
+#: The heads' checkpoint formats (``medusa_layouts``), their tensors named and shaped as ``MedusaHeads`` holds them.
+FORMAT = Format(what="Medusa heads", layouts=layouts.LAYOUTS, expected_shapes=network_shapes(MedusaHeads),
+                check_fits=lambda spec, target: fits(spec, target, "the heads are", (spec.feature_layer,)),
+                env=lambda spec: {"N": spec.num_layers, "i": spec.num_heads}, unknown=layouts.UNKNOWN,
+                select=layouts.heads_only, prepare=layouts.check_token_map,
+                pickles=(layouts.MEDUSA_FILES[1], "pytorch_model.bin"), plural=True,
+                fingerprint_required=False)  # heads exported without the target at hand record no fingerprint
+
+
 # ---- building, saving and loading -------------------------------------------------------------------------------
 def spec_for(model: nn.Module, num_heads: int = 4, num_layers: int = 1) -> MedusaSpec:
     """Heads of ours for ``model``: reading ``hidden_states[L]``, sharing the target's output layer (the Medusa-1
@@ -151,8 +159,8 @@ def save_heads(heads: MedusaHeads, folder: Path, *, target_name: str, layout: st
     """Write ``heads`` as a loadable folder in our layout (borrowed output layer recorded with the target
     embedding's fingerprint, not stored) or a published one; ``choices`` (Medusa's format) ship with them."""
     config = {} if choices is None else {layouts.CHOICES_KEY: [list(c) for c in check_choices(choices)]}
-    return layouts.FORMAT.save(heads, folder, layout, target_name=target_name, dtype=dtype or heads.dtype,
-                               config={**config, **(extra or {})})
+    return FORMAT.save(heads, folder, layout, target_name=target_name, dtype=dtype or heads.dtype,
+                       config={**config, **(extra or {})})
 
 
 def load_heads(source: str | Path, model: nn.Module) -> tuple[MedusaHeads, Choices | None]:
@@ -162,7 +170,7 @@ def load_heads(source: str | Path, model: nn.Module) -> tuple[MedusaHeads, Choic
         spec, state = _borrow_equal_heads(spec, state, target_parts(model)[2])
         choices = config.get(layouts.CHOICES_KEY)
         return build_heads(model, spec, state), None if choices is None else check_choices(choices)
-    return layouts.FORMAT.load(source, model, finish)
+    return FORMAT.load(source, model, finish)
 
 
 def _borrow_equal_heads(spec: MedusaSpec, state: dict[str, torch.Tensor], output: nn.Module
@@ -285,10 +293,8 @@ class MedusaDrafter(FeatureDrafter):
         self.begin([])
 
     def describe(self) -> dict:
-        return {"name": self.name, "heads": self.heads.num_heads, "feature_layers": list(self.feature_layers),
-                "feature_numbering": NUMBERING,
-                "choices": None if self.choices is None else [list(c) for c in self.choices],
-                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
+        return {**super().describe(), "heads": self.heads.num_heads,
+                "choices": None if self.choices is None else [list(c) for c in self.choices]}
 
     def reset(self, prompt_ids: list[int]) -> None:
         self._feature: torch.Tensor | None = None  # the newest feature consumed ...
@@ -356,24 +362,19 @@ def static_tree(choices: Choices, ranked: list[list[int]], q: torch.Tensor, min_
 
 
 # ---- the family -------------------------------------------------------------------------------------------------
-def _build(argument: str, target, settings) -> MedusaDrafter:
-    source = checkpoint_files.source_of(argument, target.name, "medusa", f"no Medusa heads are shipped for "
-                                        f"{target.name}; give medusa:<dir or hub id>")
+def _load(source: str | Path, target, settings, name: str) -> MedusaDrafter:
     heads, choices = load_heads(source, target.model)
-    return MedusaDrafter(heads, target.vocab_size, name=f"medusa:{argument}" if argument else "medusa",
-                         choices=choices, draft_quant=settings["draft_quant"])
+    return MedusaDrafter(heads, target.vocab_size, name=name, choices=choices, draft_quant=settings["draft_quant"])
 
 
 FAMILY = checkpoint_files.checkpoint_family(
-    "medusa", "Medusa heads",
+    "medusa", "Medusa heads", load=_load, plural=True,
     title=TITLE,
-    plain_name="Medusa heads",
     plain_line="small extra outputs on the model guess the 2nd, 3rd, ... word ahead at once",
     description=("Medusa heads on the target's last hidden state, head i predicting the token i + 2 after it: the "
                  "static tree of the heads' choices list cut to the node budget (depth d = head d - 1 in 0-based "
                  "numbering), or the top-1 chain with --chain; loads FasterDecoding and vLLM checkpoints; bare "
                  "name: the heads shipped for the target"),
-    build=_build,
     reads=("min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as Medusa reads the base model's output)",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specviz.drafters.checkpoint_files import TargetShape
-from specviz.drafters.layouts import Format, Layout, Spec, fits
+from specviz.drafters.layouts import Field, Layout, Spec, check_draft_ids, named, read_fields, write_fields
 from specviz.errors import SpecvizError
 
 SPEC_KEY = "specviz_medusa"
@@ -59,69 +59,44 @@ class MedusaSpec(Spec):
         return 0 < self.draft_vocab_size < self.vocab_size
 
 
-def expected_shapes(spec: MedusaSpec) -> dict[str, tuple[int, ...]]:
-    """Our tensor names (the heads module's ``state_dict``) and their shapes."""
-    h, n = spec.hidden_size, spec.num_layers
-    shapes: dict[str, tuple[int, ...]] = {}
-    for i in range(spec.num_heads):
-        for j in range(n):
-            shapes[f"heads.{i}.{j}.linear.weight"] = (h, h)
-            if spec.block_bias:
-                shapes[f"heads.{i}.{j}.linear.bias"] = (h,)
-        if spec.own_lm_head:
-            shapes[f"heads.{i}.{n}.weight"] = (spec.draft_vocab_size or spec.vocab_size, h)
-    if spec.reduced_vocab:
-        shapes["token_map"] = (spec.draft_vocab_size,)
-    return shapes
-
-
 # ---- reading and writing configs --------------------------------------------------------------------------------
-def _int(config: dict, *names: str) -> int:
-    for name in names:
-        value = config.get(name)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SpecvizError(f"{name} must be an integer, got {value!r}")
-            return value
-    raise SpecvizError(f"config.json lacks {' / '.join(names)}")
+#: Each layout's config.json fields (FasterDecoding counts heads and blocks; the weights say the rest).
+FIELDS = {"medusa": (Field("num_heads", "medusa_num_heads"), Field("num_layers", "medusa_num_layers")),
+          "vllm": (Field("num_heads", also=("medusa_num_heads",)), Field("hidden_size"), Field("vocab_size"),
+                   Field("num_layers", "num_hidden_layers", also=("medusa_num_layers",)),
+                   Field("block_bias", "medusa_fc_bias", False), Field("logit_scale", default=1.0))}
 
 
 def _read_medusa(config: dict, target: TargetShape, shapes: dict | None) -> MedusaSpec:
     """FasterDecoding's config counts heads and blocks; the weights say whether a head has its own output layer
     (Medusa-1's legacy file has none), whether blocks have biases and how wide they are."""
-    heads, layers = _int(config, "medusa_num_heads"), _int(config, "medusa_num_layers")
+    fields = read_fields(config, FIELDS["medusa"], MedusaSpec)
     named = None if shapes is None else {k.removeprefix("medusa_head."): s for k, s in shapes.items()}
     hidden = config.get("hidden_size") or target.hidden_size
     if named is not None and "0.0.linear.weight" in named:
         hidden = named["0.0.linear.weight"][-1]
-    return MedusaSpec(num_heads=heads, num_layers=layers, hidden_size=int(hidden), vocab_size=target.vocab_size,
+    layers = fields["num_layers"]
+    return MedusaSpec(**fields, hidden_size=int(hidden), vocab_size=target.vocab_size,
                       feature_layer=target.num_layers, own_lm_head=named is None or f"0.{layers}.weight" in named,
                       block_bias=named is None or "0.0.linear.bias" in named or layers == 0)
 
 
 def _read_vllm(config: dict, target: TargetShape, shapes: dict | None) -> MedusaSpec:
-    vocab = _int(config, "vocab_size")
-    truncated = int(config.get("truncated_vocab_size") or vocab)
-    return MedusaSpec(num_heads=_int(config, "num_heads", "medusa_num_heads"),
-                      num_layers=_int(config, "num_hidden_layers", "medusa_num_layers"),
-                      hidden_size=int(config.get("hidden_size") or target.hidden_size), vocab_size=vocab,
-                      feature_layer=target.num_layers, block_bias=bool(config.get("medusa_fc_bias", False)),
-                      own_lm_head=True, draft_vocab_size=truncated if truncated < vocab else 0,
-                      logit_scale=float(config.get("logit_scale", 1.0)))
+    fields = read_fields(config, FIELDS["vllm"], MedusaSpec, hidden_size=target.hidden_size)
+    truncated = int(config.get("truncated_vocab_size") or fields["vocab_size"])
+    return MedusaSpec(**fields, feature_layer=target.num_layers, own_lm_head=True,
+                      draft_vocab_size=truncated if truncated < fields["vocab_size"] else 0)
 
 
 def _write_medusa(spec: MedusaSpec, target_name: str) -> dict:
     if spec.reduced_vocab or spec.logit_scale != 1.0:
         raise SpecvizError("FasterDecoding's layout has no truncated vocabulary or logit scale")
-    return {"medusa_num_heads": spec.num_heads, "medusa_num_layers": spec.num_layers,
-            "base_model_name_or_path": target_name, "version": "2"}
+    return write_fields(spec, FIELDS["medusa"], {"base_model_name_or_path": target_name, "version": "2"})
 
 
 def _write_vllm(spec: MedusaSpec, target_name: str) -> dict:
-    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": spec.hidden_size,
-              "vocab_size": spec.vocab_size, "num_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
-              "medusa_fc_bias": spec.block_bias, "logit_scale": spec.logit_scale,
-              "original_lm_head": not spec.own_lm_head}
+    config = write_fields(spec, FIELDS["vllm"], {"architectures": ["MedusaModel"], "model_type": "medusa",
+                                                 "original_lm_head": not spec.own_lm_head})
     return {**config, "truncated_vocab_size": spec.draft_vocab_size} if spec.reduced_vocab else config
 
 
@@ -135,15 +110,13 @@ def _fasterdecoding_extras(spec: MedusaSpec, heads) -> dict[str, torch.Tensor]:
     return out
 
 
-def _check_token_map(state: dict[str, torch.Tensor], spec: MedusaSpec) -> None:
+def check_token_map(state: dict[str, torch.Tensor], spec: MedusaSpec) -> None:
     if "token_map" in state:
-        ids = state["token_map"].long()
-        if int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size or ids.unique().numel() != ids.numel():
-            raise SpecvizError("token_map holds ids outside the target's vocabulary or repeats one")
-        state["token_map"] = ids
+        state["token_map"] = state["token_map"].long()
+        check_draft_ids(state["token_map"], spec.vocab_size)
 
 
-def _heads_only(config: dict, shapes: dict) -> dict:
+def heads_only(config: dict, shapes: dict) -> dict:
     """A Medusa-2 full model keeps its heads under ``medusa_head.`` among the base model's weights."""
     if "medusa_num_heads" in config and any(k.startswith("medusa_head.") for k in shapes):
         return {k: s for k, s in shapes.items() if k.startswith("medusa_head.")}
@@ -151,30 +124,22 @@ def _heads_only(config: dict, shapes: dict) -> dict:
 
 
 # ---- the layouts ------------------------------------------------------------------------------------------------
-FORMAT = Format(
-    what="Medusa heads",
-    layouts=(
-        Layout.own(MedusaSpec, "SpecvizMedusaHeads", lambda spec: [] if spec.own_lm_head else ["output"]),
-        Layout("medusa", read=_read_medusa, write=_write_medusa, extras=_fasterdecoding_extras,
-               recognise=lambda config, keys: "medusa_num_heads" in config if keys is None else
-               any(re.match(r"(medusa_head\.)?\d+\.\d+\.", k) for k in keys),
-               names=(("heads.{rest}", "{rest}"),), prefixes=("medusa_head.",), filename=MEDUSA_FILES[0]),
-        Layout("vllm", read=_read_vllm, write=_write_vllm,
-               recognise=lambda config, keys: any(k.startswith(("blocks.", "medusa_heads.blocks.")) for k in keys)
-               if keys is not None else config.get("model_type") == "medusa" or "MedusaModel" in (
-                   config.get("architectures") or []),
-               names=(("heads.{i}.{j}.linear.{rest}", "blocks.{i}.layers.{j}.{rest}"),
-                      ("heads.{i}.{N}.weight", "lm_heads.{i}.weight"),
-                      ("heads.{i}.{N}.weight", "lm_head.weight"),  # original_lm_head: one for every head
-                      ("{rest}", "{rest}")),
-               prefixes=("medusa_heads.",),
-               extras=lambda spec, heads: {} if spec.own_lm_head else {"lm_head.weight": heads.borrowed.output.weight}),
-    ),
-    expected_shapes=expected_shapes,
-    check_fits=lambda spec, target: fits(spec, target, "the heads are", (spec.feature_layer,)),
-    env=lambda spec: {"N": spec.num_layers, "i": spec.num_heads},
-    unknown="not a Medusa config: no medusa_num_heads (FasterDecoding) or model_type medusa (vLLM) (model_type "
-            "{model_type})",
-    select=_heads_only, prepare=_check_token_map, pickles=(MEDUSA_FILES[1], "pytorch_model.bin"), plural=True,
-    fingerprint_required=False)  # heads exported without the target at hand record no fingerprint
-DIALECTS = FORMAT.names
+LAYOUTS = (
+    Layout.own(MedusaSpec, "SpecvizMedusaHeads", lambda spec: [] if spec.own_lm_head else ["output"]),
+    Layout("medusa", read=_read_medusa, write=_write_medusa, extras=_fasterdecoding_extras,
+           recognise=lambda config, keys: "medusa_num_heads" in config if keys is None else
+           any(re.match(r"(medusa_head\.)?\d+\.\d+\.", k) for k in keys),
+           names=(("heads.{rest}", "{rest}"),), prefixes=("medusa_head.",), filename=MEDUSA_FILES[0]),
+    Layout("vllm", read=_read_vllm, write=_write_vllm,
+           recognise=lambda config, keys: any(k.startswith(("blocks.", "medusa_heads.blocks.")) for k in keys)
+           if keys is not None else config.get("model_type") == "medusa" or named(config, "MedusaModel"),
+           names=(("heads.{i}.{j}.linear.{rest}", "blocks.{i}.layers.{j}.{rest}"),
+                  ("heads.{i}.{N}.weight", "lm_heads.{i}.weight"),
+                  ("heads.{i}.{N}.weight", "lm_head.weight"),  # original_lm_head: one for every head
+                  ("{rest}", "{rest}")),
+           prefixes=("medusa_heads.",),
+           extras=lambda spec, heads: {} if spec.own_lm_head else {"lm_head.weight": heads.borrowed.output.weight}),
+)
+DIALECTS = tuple(layout.name for layout in LAYOUTS)
+UNKNOWN = ("not a Medusa config: no medusa_num_heads (FasterDecoding) or model_type medusa (vLLM) (model_type "
+           "{model_type})")

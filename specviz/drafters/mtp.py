@@ -32,14 +32,12 @@ from transformers import DynamicCache
 
 from specviz.drafters import checkpoint_files, dynamic_tree
 from specviz.drafters import mtp_layouts as layouts
-from specviz.drafters.feature_drafter import CommittedRowsDrafter, draft_mask
+from specviz.drafters.feature_drafter import CommittedRowsDrafter
 from specviz.drafters.head_layer import DecoderLayer, DraftNetwork
-from specviz.drafters.head_parts import fresh, inference_copy, target_parts
-from specviz.drafters.layouts import build
+from specviz.drafters.head_parts import fresh, target_parts
+from specviz.drafters.layouts import Format, build, fits, network_shapes
 from specviz.drafters.mtp_layouts import MtpSpec
-from specviz.engine import cache as kv
 from specviz.engine.drafter import DraftBudget
-from specviz.engine.features import NUMBERING
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.tree import ROOT, DraftTree
 from specviz.errors import SpecvizError
@@ -56,7 +54,7 @@ class MtpModule(nn.Module):
         self.enorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.hnorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * spec.hidden_size, spec.hidden_size, bias=False)
-        self.block = DecoderLayer(spec, **spec.layer_options)
+        self.block = DecoderLayer(spec, bias=spec.attention_bias, qk_norm=spec.qk_norm)  # Llama, Qwen2 or Qwen3
         self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
 
 
@@ -110,12 +108,12 @@ class MtpStack(DraftNetwork):
             hidden = self.feed(k, out)
         return outs
 
-    def for_inference(self, draft_quant: str = "off") -> MtpStack:
-        """A copy sharing every tensor whose projections run through pre-packed kernels where they run (as
-        the fast target path does), the output rows in int8 with ``draft_quant="int8"``; the stack itself stays
-        trainable."""
-        return inference_copy(self, self.layers[0].eh_proj.weight, self.borrowed.output.weight, draft_quant,
-                              rows_packed=self.borrowed.output_packed)
+
+#: The modules' checkpoint formats (``mtp_layouts``), their tensors named and shaped as ``MtpStack`` holds them.
+FORMAT = Format(what="MTP modules", layouts=layouts.LAYOUTS, expected_shapes=network_shapes(MtpStack),
+                check_fits=lambda spec, target: fits(spec, target, "the MTP modules are", (spec.feature_layer,)),
+                env=lambda spec: {"L": spec.feature_layer, "k": spec.num_modules}, unknown=layouts.UNKNOWN,
+                select=layouts.mtp_only, choose_files=layouts.mtp_shards, plural=True)
 
 
 # ---- building, saving and loading -------------------------------------------------------------------------------
@@ -147,25 +145,20 @@ def save_stack(stack: MtpStack, folder: Path, *, target_name: str, layout: str =
                dtype: torch.dtype | None = None) -> Path:
     """Write ``stack`` as a loadable folder: our layout (borrowed tensors recorded with the embedding's
     fingerprint, not stored) or a published one (``mtp_layouts.DIALECTS``), for interop and tests."""
-    return layouts.FORMAT.save(stack, folder, layout, target_name=target_name, dtype=dtype or stack.dtype)
+    return FORMAT.save(stack, folder, layout, target_name=target_name, dtype=dtype or stack.dtype)
 
 
 def load_stack(source: str | Path, model: nn.Module) -> MtpStack:
     """MTP modules from a folder (ours, a published layout, or a target checkpoint carrying its own MTP layers)
     or a hub id, checked against the target ``model``; every error is one line naming the source."""
-    return layouts.FORMAT.load(source, model, lambda spec, state, config: build_stack(model, spec, state))
+    return FORMAT.load(source, model, lambda spec, state, config: build_stack(model, spec, state))
 
 
 def own_mtp_source(model: nn.Module) -> str | None:
     """Where the target's own MTP layers are (its checkpoint folder or hub id), when its config declares some
     (``num_nextn_predict_layers`` / ``mtp_num_hidden_layers``); None otherwise."""
-    config = model.config
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    count = next((getattr(c, name, None) for c in (config, text) for name in ("num_nextn_predict_layers",
-                                                                               "mtp_num_hidden_layers")
-                  if getattr(c, name, None)), None)
-    name = str(getattr(config, "_name_or_path", "") or "")
-    return name if count and name else None
+    name = str(getattr(model.config, "_name_or_path", "") or "")
+    return name if name and layouts.module_count_field(model.config.to_dict()) else None
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------
@@ -190,12 +183,10 @@ class MtpDrafter(CommittedRowsDrafter):
 
     def describe(self) -> dict:
         spec = self.stack.spec
-        return {"name": self.name, "modules": spec.num_modules, "feature_layers": list(self.feature_layers),
-                "feature_numbering": NUMBERING,
+        return {**super().describe(), "modules": spec.num_modules,
                 "trained": "post hoc on a frozen target by specviz, not jointly with the model as published MTP "
                 "layers are" if spec.origin == "post-hoc" else "jointly with the model (published MTP layers)",
-                "stochastic_tree": self.stochastic_tree,
-                "draft_quant": None if self.draft_quant == "off" else self.draft_quant}
+                "stochastic_tree": self.stochastic_tree}
 
     def module_caches(self) -> list[DynamicCache]:
         return self._caches
@@ -291,32 +282,22 @@ class _DraftRows:
         return None if found is None else self.runner.feed(source, found)
 
     def _forward(self, k: int, batch: list[tuple[int, int]], candidates: list[dynamic_tree.Candidate]) -> None:
-        device = self.drafter._device
-        cache = self.drafter._caches[k]
-        cached, slots = kv.cache_length(cache), self.slots[k]
-        slots.update({v: cached + index for index, (_, v) in enumerate(batch)})
-        mask = draft_mask([v for _, v in batch], candidates, cached, self.drafter._rows[k], slots, device)
+        cache, mask, tokens, positions = self.drafter.draft_inputs(k, [v for _, v in batch], candidates,
+                                                                   self.slots[k], self.base + 2)
         hidden = torch.stack([self._hidden(row, candidates) for row in batch])
-        tokens = torch.tensor([[candidates[v].token for _, v in batch]], device=device)
-        positions = torch.tensor([[self.base + candidates[v].depth - k for _, v in batch]], device=device)
         out = self.runner.step(k, hidden[None], tokens, positions, cache=cache, mask=mask)[0]
         for index, row in enumerate(batch):
             self.out[row] = out[index]
 
 
 # ---- the family -------------------------------------------------------------------------------------------------
-def _build(argument: str, target, settings) -> MtpDrafter:
-    """``mtp:<dir|hub id>``; bare ``mtp``: the target checkpoint's own MTP layers, else the shipped modules."""
-    source = argument or own_mtp_source(target.model) or checkpoint_files.source_of(
-        "", target.name, "mtp", f"no MTP modules are shipped for {target.name} and its checkpoint carries none; give "
-        f"mtp:<dir or hub id>")
-    stack = load_stack(source, target.model)
-    return MtpDrafter(stack, target.vocab_size, name=f"mtp:{argument}" if argument else "mtp",
+def _load(source: str | Path, target, settings, name: str) -> MtpDrafter:
+    return MtpDrafter(load_stack(source, target.model), target.vocab_size, name=name,
                       stochastic_tree=bool(settings["stochastic_tree"]), draft_quant=settings["draft_quant"])
 
 
 FAMILY = checkpoint_files.checkpoint_family(
-    "mtp", "MTP modules",
+    "mtp", "MTP modules", load=_load, own=own_mtp_source, plural=True,
     title=TITLE,
     plain_name="Multi-token prediction (MTP)",
     plain_line="small modules on the model's last layer predict the words after the next one",
@@ -325,10 +306,8 @@ FAMILY = checkpoint_files.checkpoint_family(
                  "Qwen3-Next and MiMo MTP layers, or the target checkpoint's own; bare name: the target's own MTP "
                  "layers, else the modules shipped for it. Ours are trained post hoc on a frozen target, unlike "
                  "real MTP layers, which are trained jointly with their model"),
-    build=_build,
     reads=("stochastic_tree", "min_draft_prob", "draft_quant"),
     feature_layers=lambda num_layers: (num_layers,),
     features="`hidden_states[L]` (after the final norm, as published MTP layers are fed)",
-    bare_from_target=True,
     order=33,  # trained by specviz.training.trainers.mtp
 )

@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from specviz.drafters.checkpoint_files import TargetShape, read_config
-from specviz.drafters.head_layer import layer_shapes
-from specviz.drafters.layouts import Convert, DecoderSpec, Format, Layout, fits, require
+from specviz.drafters.layouts import Convert, DecoderSpec, Layout, require
 from specviz.errors import SpecvizError
 
 SPEC_KEY = "specviz_mtp"
@@ -58,24 +57,6 @@ class MtpSpec(DecoderSpec):
         if self.origin not in ("post-hoc", "joint"):
             raise SpecvizError(f"MTP origin must be post-hoc or joint, got {self.origin!r}")
 
-    @property
-    def layer_options(self) -> dict:
-        """The ``head_layer.DecoderLayer`` options of a module's block: a pre-norm dense layer like the target's
-        (Llama; Qwen2's q/k/v bias; Qwen3's q/k norm)."""
-        return dict(bias=self.attention_bias, qk_norm=self.qk_norm)
-
-
-def expected_shapes(spec: MtpSpec) -> dict[str, tuple[int, ...]]:
-    """Our tensor names (the stack module's ``state_dict``) and their shapes."""
-    h = spec.hidden_size
-    block = layer_shapes(spec, "block.", **spec.layer_options)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for k in range(spec.num_modules):
-        p = f"layers.{k}."
-        shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
-                       p + "norm.weight": (h,), **{p + name: shape for name, shape in block.items()}})
-    return shapes
-
 
 # ---- recognising a layout ---------------------------------------------------------------------------------------
 def flat_config(config: dict) -> dict:
@@ -105,27 +86,24 @@ def is_mtp_key(name: str, num_layers: int | None) -> bool:
     return bool(found and num_layers is not None and int(found.group(1)) >= num_layers)
 
 
-def _refusal(config: dict, dialect: str, keys: set[str] | None, count: int, q_rows: int | None) -> str | None:
-    """Why the published MTP block cannot be built here (MLA, MoE, gated attention, partial RoPE), or None.
+def _refuse_block(flat: dict, dialect: str, keys: set[str] | None, count: int, q_rows: int | None) -> None:
+    """Refuse in one line the published MTP blocks ours cannot build: MLA, MoE MLPs, gated attention, partial RoPE.
 
     ``q_rows``: the MTP block's q_proj output width when the tensor shapes are known (Qwen3-Next's gated attention
     doubles it)."""
-    flat = flat_config(config)
     mtp_keys = {k for k in keys or () if is_mtp_key(k, flat.get("num_hidden_layers"))}
     if flat.get("kv_lora_rank") or flat.get("q_lora_rank") or any("kv_a_proj_with_mqa" in k for k in mtp_keys):
-        return "its MTP block uses multi-head latent attention (MLA), which is not supported"
-    if any(".mlp.experts." in k or k.endswith(".mlp.gate.weight") or "shared_expert" in k for k in mtp_keys):
-        return "its MTP block has a mixture-of-experts MLP, which is not supported"
-    if keys is None and _moe_config(flat, dialect, count):
-        return "its MTP block has a mixture-of-experts MLP, which is not supported"
+        raise SpecvizError("its MTP block uses multi-head latent attention (MLA), which is not supported")
+    if any(".mlp.experts." in k or k.endswith(".mlp.gate.weight") or "shared_expert" in k for k in mtp_keys) or (
+            keys is None and _moe_config(flat, dialect, count)):
+        raise SpecvizError("its MTP block has a mixture-of-experts MLP, which is not supported")
     if dialect == "qwen3-next" and (keys is None or _gated(flat, q_rows)):
-        return "Qwen3-Next's gated attention (q_proj carries a gate) is not supported"
+        raise SpecvizError("Qwen3-Next's gated attention (q_proj carries a gate) is not supported")
     factor = flat.get("partial_rotary_factor") or (flat.get("rope_parameters") or {}).get("partial_rotary_factor")
     if factor not in (None, 1, 1.0):
-        return f"partial rotary embeddings (partial_rotary_factor {factor}) are not supported"
+        raise SpecvizError(f"partial rotary embeddings (partial_rotary_factor {factor}) are not supported")
     if flat.get("hidden_act", "silu") != "silu":
-        return f"the block's activation is {flat.get('hidden_act')!r}; only silu is supported"
-    return None
+        raise SpecvizError(f"the block's activation is {flat.get('hidden_act')!r}; only silu is supported")
 
 
 def _moe_config(flat: dict, dialect: str, count: int) -> bool:
@@ -145,6 +123,10 @@ def _gated(flat: dict, q_rows: int | None) -> bool:
     return q_rows == 2 * heads * head_dim
 
 
+#: The layouts whose next step reads norm(h') (vLLM's Qwen3-Next and MiMo); DeepSeek-V3's reads h'.
+FEED_NORMED = ("mimo", "qwen3-next")
+
+
 def _reader(dialect: str):
     def read(config: dict, target: TargetShape, shapes: dict[str, tuple[int, ...]] | None) -> MtpSpec:
         """The published module count and block, checked; what cannot be built here is refused in one line."""
@@ -154,16 +136,14 @@ def _reader(dialect: str):
         count = _count(flat, dialect, keys)
         q_rows = next((s[0] for k, s in (shapes or {}).items() if k.endswith("self_attn.q_proj.weight") and
                        is_mtp_key(k, int(flat["num_hidden_layers"]))), None)
-        reason = _refusal(flat, dialect, keys, count, q_rows)
-        if reason:
-            raise SpecvizError(reason)
+        _refuse_block(flat, dialect, keys, count, q_rows)
         if int(flat["num_hidden_layers"]) != target.num_layers:
             raise SpecvizError(f"the MTP layers follow {flat['num_hidden_layers']} main layers, the target has "
                                f"{target.num_layers}")
         fields = DecoderSpec.fields_from(flat, "the MTP block's")
         fields["rope"].pop("partial_rotary_factor", None)
         return MtpSpec(num_modules=count, feature_layer=target.num_layers, origin="joint",
-                       feed_normed=dialect in ("mimo", "qwen3-next"), **_block_flags(flat, dialect, keys), **fields)
+                       feed_normed=dialect in FEED_NORMED, **_block_flags(flat, dialect, keys), **fields)
     return read
 
 
@@ -201,7 +181,7 @@ def _block_flags(flat: dict, dialect: str, keys: set[str] | None) -> dict:
 def _writer(dialect: str):
     def write(spec: MtpSpec, target_name: str) -> dict:
         """A dense target-style config with the module count."""
-        normed = dialect in ("mimo", "qwen3-next")
+        normed = dialect in FEED_NORMED
         if spec.feed_normed != normed:
             raise SpecvizError(f"the {dialect} layout feeds the next step {'norm(h)' if normed else 'h'}; these "
                                f"modules were made with feed_normed={spec.feed_normed}: save them in another layout")
@@ -216,7 +196,7 @@ def _writer(dialect: str):
     return write
 
 
-def _mtp_only(config: dict, shapes: dict) -> dict:
+def mtp_only(config: dict, shapes: dict) -> dict:
     """A published layout may sit inside a whole target checkpoint: only its MTP tensors count."""
     if SPEC_KEY in config:
         return shapes
@@ -224,7 +204,7 @@ def _mtp_only(config: dict, shapes: dict) -> dict:
     return {k: s for k, s in shapes.items() if is_mtp_key(k, layers)}
 
 
-def _mtp_shards(folder: Path) -> list[str]:
+def mtp_shards(folder: Path) -> list[str]:
     """Of a sharded target on the hub, only the shards that hold MTP layers."""
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
@@ -259,34 +239,28 @@ def _layout(dialect: str, recognise, **declared) -> Layout:
     return Layout(dialect, recognise=recognise, read=_reader(dialect), write=_writer(dialect), **declared)
 
 
-FORMAT = Format(
-    what="MTP modules",
-    layouts=(
-        Layout.own(MtpSpec, "SpecvizMtpModules", lambda spec: ["embedding", "output"]),
-        _layout("qwen3-next", lambda config, keys: any(k.startswith("mtp.") for k in keys) if keys is not None else
-                str(flat_config(config).get("model_type", "")).startswith(("qwen3_next", "qwen3_5"))
-                or "mtp_num_hidden_layers" in flat_config(config),
-                names=_names("mtp.", "mtp.layers.{k}.", {"enorm": "pre_fc_norm_embedding",
-                                                         "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc",
-                                                         "norm": "norm"},
-                             dict.fromkeys(("enorm", "hnorm", "norm"), ZERO_CENTRED), ZERO_CENTRED),
-                shares="fc and its norms across MTP layers"),
-        _layout("mimo", lambda config, keys: any(k.startswith("model.mtp_layers.") for k in keys)
-                if keys is not None else flat_config(config).get("model_type") == "mimo",
-                names=_names("model.mtp_layers.{k}.", "model.mtp_layers.{k}.",
-                             {"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "eh_proj": "input_proj",
-                              "norm": "final_layernorm"}, {"eh_proj": SWAPPED})),
-        _layout("deepseek-v3", lambda config, keys: "num_nextn_predict_layers" in flat_config(config) if keys is None
-                else any(re.match(MODULE_KEYS["deepseek-v3"], k) for k in keys),
-                names=_names("model.layers.{k+L}.", "model.layers.{k+L}.",
-                             {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "norm": "shared_head.norm"}),
-                carried=(("model.layers.{k+L}.embed_tokens.weight", "embedding"),  # copies in each MTP layer
-                         ("model.layers.{k+L}.shared_head.head.weight", "output"))),
-    ),
-    expected_shapes=expected_shapes,
-    check_fits=lambda spec, target: fits(spec, target, "the MTP modules are", (spec.feature_layer,)),
-    env=lambda spec: {"L": spec.feature_layer, "k": spec.num_modules},
-    unknown="not an MTP checkpoint: no MTP tensors, and no num_nextn_predict_layers / mtp_num_hidden_layers in "
-            "config.json (model_type {model_type})",
-    select=_mtp_only, choose_files=_mtp_shards, plural=True)
-DIALECTS = FORMAT.names
+LAYOUTS = (
+    Layout.own(MtpSpec, "SpecvizMtpModules", lambda spec: ["embedding", "output"]),
+    _layout("qwen3-next", lambda config, keys: any(k.startswith("mtp.") for k in keys) if keys is not None else
+            str(flat_config(config).get("model_type", "")).startswith(("qwen3_next", "qwen3_5"))
+            or "mtp_num_hidden_layers" in flat_config(config),
+            names=_names("mtp.", "mtp.layers.{k}.", {"enorm": "pre_fc_norm_embedding",
+                                                     "hnorm": "pre_fc_norm_hidden", "eh_proj": "fc",
+                                                     "norm": "norm"},
+                         dict.fromkeys(("enorm", "hnorm", "norm"), ZERO_CENTRED), ZERO_CENTRED),
+            shares="fc and its norms across MTP layers"),
+    _layout("mimo", lambda config, keys: any(k.startswith("model.mtp_layers.") for k in keys)
+            if keys is not None else flat_config(config).get("model_type") == "mimo",
+            names=_names("model.mtp_layers.{k}.", "model.mtp_layers.{k}.",
+                         {"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "eh_proj": "input_proj",
+                          "norm": "final_layernorm"}, {"eh_proj": SWAPPED})),
+    _layout("deepseek-v3", lambda config, keys: "num_nextn_predict_layers" in flat_config(config) if keys is None
+            else any(re.match(MODULE_KEYS["deepseek-v3"], k) for k in keys),
+            names=_names("model.layers.{k+L}.", "model.layers.{k+L}.",
+                         {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "norm": "shared_head.norm"}),
+            carried=(("model.layers.{k+L}.embed_tokens.weight", "embedding"),  # copies in each MTP layer
+                     ("model.layers.{k+L}.shared_head.head.weight", "output"))),
+)
+DIALECTS = tuple(layout.name for layout in LAYOUTS)
+UNKNOWN = ("not an MTP checkpoint: no MTP tensors, and no num_nextn_predict_layers / mtp_num_hidden_layers in "
+           "config.json (model_type {model_type})")
