@@ -370,6 +370,7 @@ def _load(source: str | Path, target, settings, name: str) -> MedusaDrafter:
 FAMILY = checkpoint_files.checkpoint_family(
     "medusa", "Medusa heads", load=_load, plural=True,
     title=TITLE,
+    plain_name="Medusa heads",
     plain_line="small extra outputs on the model guess the 2nd, 3rd, ... word ahead at once",
     description=("Medusa heads on the target's last hidden state, head i predicting the token i + 2 after it: the "
                  "static tree of the heads' choices list cut to the node budget (depth d = head d - 1 in 0-based "
