@@ -49,6 +49,7 @@ from specviz.engine.loop import Generation, GenerationConfig, generate, plain_de
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError
 from specviz.training import calibrate
+from specviz.training.trainers.dflash import forward_blocks
 
 VOCAB = 64
 LAYERS = 8  # build_target_layer_ids(8, 5) = [1, 2, 3, 4, 5]: hidden_states[2..6]
@@ -82,7 +83,7 @@ def fit(model: DFlashBackbone, net: torch.nn.Module, steps: int = 60, seed: int 
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
-        hidden = model.forward_blocks(features, seqs, anchors)
+        hidden = forward_blocks(model, features, seqs, anchors)
         logits = model.logits(hidden)
         if model.markov_head is not None:
             logits = logits + model.markov_bias(previous)

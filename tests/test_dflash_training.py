@@ -19,6 +19,7 @@ from specviz.training.trainers.dflash import (
     confidence_loss,
     confidence_target,
     expected_calibration_error,
+    forward_blocks,
     position_gamma,
     position_weights,
     sample_anchors,
@@ -84,10 +85,10 @@ def test_blocks_see_only_their_context_and_themselves():
     features = torch.cat([batch.hidden[layer] for layer in model.feature_layers], dim=-1)
     anchors = torch.tensor([[2, 9, 15]])
     with torch.no_grad():
-        together = model.forward_blocks(features, batch.input_ids, anchors)
+        together = forward_blocks(model, features, batch.input_ids, anchors)
         for column, anchor in enumerate(anchors[0].tolist()):
-            alone = model.forward_blocks(features[:, :anchor], batch.input_ids[:, : anchor + 1],
-                                         torch.tensor([[anchor]]))
+            alone = forward_blocks(model, features[:, :anchor], batch.input_ids[:, : anchor + 1],
+                                   torch.tensor([[anchor]]))
             torch.testing.assert_close(together[:, column], alone[:, 0], atol=1e-5, rtol=1e-4)
 
 

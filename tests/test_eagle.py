@@ -26,7 +26,6 @@ from specviz.drafters.eagle import (
     EagleDrafter,
     EagleHead,
     build_head,
-    draft_ids_from_counts,
     load_head,
     new_head,
     save_head,
@@ -37,6 +36,7 @@ from specviz.engine.loop import Generation, GenerationConfig, generate, plain_de
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError
+from specviz.training.trainers.eagle import draft_ids_from_counts, unroll_steps
 
 VOCAB = 64
 LAYERS = 8  # EAGLE-3's default feature layers (2, L//2, L-3) = (2, 4, 5)
@@ -49,7 +49,7 @@ SMOLLM2 = TargetShape(hidden_size=576, num_layers=30, vocab_size=49152)
 
 
 def fit(head: EagleHead, net: torch.nn.Module, steps: int = 100, seed: int = 0, unrolled: int = 2) -> EagleHead:
-    """A stand-in for real training that makes drafts partly right: the training-time test (``unroll``, step i
+    """A stand-in for real training that makes drafts partly right: the training-time test (``unroll_steps``, step i
     weighted 0.8^i) on the target's greedy continuations of random prompts, labels = the target's argmax."""
     generator = torch.Generator().manual_seed(seed)
     vocab = head.spec.vocab_size
@@ -72,7 +72,7 @@ def fit(head: EagleHead, net: torch.nn.Module, steps: int = 100, seed: int = 0, 
     for _ in range(steps):
         loss = sum(0.8 ** i * torch.nn.functional.cross_entropy(
             head.logits(output).reshape(-1, head.spec.draft_vocab_size), labels[i].reshape(-1), ignore_index=-100)
-            for i, output in enumerate(head.unroll(feats, tokens, unrolled)))
+            for i, output in enumerate(unroll_steps(head, feats, tokens, unrolled)))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -187,7 +187,7 @@ def test_head_cache_equals_a_fresh_feed_of_the_committed_pairs(setup, kind):
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_training_time_test_unroll_reproduces_the_drafted_chain(setup, kind):
-    """``EagleHead.unroll`` (what a trainer runs) computes, at the last committed position, the same steps the
+    """``unroll_steps`` (what a trainer runs) computes, at the last committed position, the same steps the
     drafter runs for a chain: same tokens, same draft distributions."""
     targets, _, heads = setup
     target, head = targets["hf"], heads[kind]
@@ -211,7 +211,7 @@ def test_training_time_test_unroll_reproduces_the_drafted_chain(setup, kind):
     with torch.inference_mode():
         states = target.model(torch.tensor([context]), output_hidden_states=True).hidden_states
         feats = torch.cat([states[i][:, : len(context) - 1] for i in head.feature_layers], dim=-1)
-        outputs = head.unroll(feats, torch.tensor([sequence[1:]]), steps=3)
+        outputs = unroll_steps(head, feats, torch.tensor([sequence[1:]]), steps=3)
         drafts = [torch.softmax(head.full_logits(out[0, -1]), dim=-1) for out in outputs]
     for step, q in enumerate(drafts):
         torch.testing.assert_close(q, tree.q_dist[step], atol=1e-5, rtol=1e-4)

@@ -29,7 +29,6 @@ from specviz.drafters.medusa import (
     build_heads,
     check_choices,
     default_choices,
-    derive_choices,
     fit_choices,
     load_heads,
     new_heads,
@@ -41,6 +40,7 @@ from specviz.engine.metrics import acceptance_by_label
 from specviz.errors import SpecvizError
 from specviz.training.batches import make_batch
 from specviz.training.trainers import TrainConfig, fit, get_trainer
+from specviz.training.trainers.medusa import derive_choices
 
 VOCAB = 64
 LAYERS = 4

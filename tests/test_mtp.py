@@ -31,6 +31,7 @@ from specviz.engine.target import Target
 from specviz.errors import SpecvizError
 from specviz.training.batches import make_batch
 from specviz.training.trainers import TrainConfig, fit, get_trainer
+from specviz.training.trainers.mtp import teacher_forced
 
 VOCAB = 64
 LAYERS = 4
@@ -59,7 +60,7 @@ def fit_stack(stack: MtpStack, net: torch.nn.Module, steps: int = 80) -> MtpStac
     stack.train()
     torch.manual_seed(0)
     for _ in range(steps):
-        outs = stack.teacher_forced(feats, seqs)
+        outs = teacher_forced(stack, feats, seqs)
         loss = sum(torch.nn.functional.cross_entropy(
             stack.logits(k, out).reshape(-1, stack.spec.vocab_size),
             predicted[:, 1 + k: 1 + k + out.shape[1]].reshape(-1)) for k, out in enumerate(outs))
@@ -231,7 +232,7 @@ def test_drafting_equals_the_training_forward(setup, modules):
             if tree.is_chain:
                 ids = torch.tensor([context + tree.tokens])
                 full = target.model(ids, output_hidden_states=True).hidden_states[-1]  # only positions <= P are read
-                outs = stack.teacher_forced(full, ids)
+                outs = teacher_forced(stack, full, ids)
                 for depth in range(1, min(modules, len(tree)) + 1):
                     k = depth - 1
                     q = stack.logits(k, outs[k][0, len(context) - 2]).softmax(-1)

@@ -163,30 +163,6 @@ class DFlashBackbone(DraftNetwork):
             hidden = torch.cat([hidden, self.markov_head.markov_w1(previous.to(hidden.device))], dim=-1)
         return torch.sigmoid(self.confidence_head.proj(hidden).squeeze(-1).float())
 
-    def forward_blocks(self, features: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """Training's view of drafting: one block per anchor, all in one forward.
-
-        ``features``: ``[B, L, layers x H]`` target features of positions 0..L-1; ``input_ids``: ``[B, L]``;
-        ``anchors``: ``[B, A]`` anchor positions (each < L). Block m is [x_{a_m}, mask ...] at positions
-        a_m .. a_m + b - 1 and sees the context positions < a_m and its own block, exactly what drafting after
-        committed position a_m sees. Returns ``[B, A, drafts, H]``: draft j of block m predicts the token at
-        a_m + 1 + j.
-        """
-        spec, (batch, count) = self.spec, anchors.shape
-        size, length, device = spec.block_size, features.shape[1], features.device
-        offsets = torch.arange(size, device=device)
-        block_ids = torch.full((batch, count, size), spec.mask_token_id, dtype=torch.long, device=device)
-        block_ids[:, :, 0] = input_ids.gather(1, anchors)
-        block_positions = (anchors[..., None] + offsets).reshape(batch, -1)
-        sees_context = torch.arange(length, device=device) < anchors[..., None]  # [B, A, L]
-        owner = torch.arange(count, device=device).repeat_interleave(size)
-        sees_block = owner[:, None] == owner[None, :]  # [A*b, A*b]
-        mask = torch.cat([sees_context.repeat_interleave(size, dim=1),
-                          sees_block.expand(batch, -1, -1)], dim=2)[:, None]
-        out = self(features, block_ids.reshape(batch, -1), torch.arange(length, device=device), block_positions,
-                   mask=mask)
-        return out.reshape(batch, count, size, -1)[:, :, spec.first_output:]
-
     def output_rows(self) -> tuple[torch.Tensor, bool]:
         """The target's output layer, run as the target runs it (unless ``draft_quant="int8"``)."""
         return self.borrowed.output.weight, True

@@ -15,15 +15,15 @@ it. ``DraftTree.meta["head"]`` records the (0-based) head of each node, and
 **Trees.** A chain is the top-1 path. ``--tree`` drafts a static tree from a choices list in Medusa's format (a
 list of rank paths: ``(0, 1)`` = head 0's top token, then head 1's second), the one shipped with the heads or, for
 heads without one, ``default_choices``; the budget cuts it (depth, ranks below width, the first max_nodes in list
-order). ``derive_choices`` builds a list from measured per-head top-k accuracy (the Medusa recipe). Nodes are
-deterministic (top-k), so sampled verification draws from the target (lossless for any proposal).
+order). ``specviz.training.trainers.medusa.derive_choices`` builds a list from measured per-head top-k accuracy
+(the Medusa recipe). Nodes are deterministic (top-k), so sampled verification draws from the target (lossless for
+any proposal).
 
 Loaders for the published layouts are in ``specviz.drafters.medusa_layouts``.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -226,25 +226,6 @@ def default_choices(num_heads: int, width: int, depth: int, max_nodes: int) -> C
     return tuple(paths[:max_nodes])
 
 
-def derive_choices(accuracy: Sequence[Sequence[float]], nodes: int) -> Choices:
-    """Medusa's recipe: greedily add the path whose product of per-head accuracies is largest (``accuracy[h][r]``:
-    how often head h's rank-r token was the right one on held-out text); parents always come first."""
-    heads = len(accuracy)
-    if not heads or nodes < 1:
-        return ()
-    frontier = [(-float(accuracy[0][r]), (r,)) for r in range(len(accuracy[0]))]
-    heapq.heapify(frontier)
-    chosen: list[tuple[int, ...]] = []
-    while frontier and len(chosen) < nodes:
-        score, path = heapq.heappop(frontier)
-        chosen.append(path)
-        depth = len(path)
-        if depth < heads:
-            for rank, hit in enumerate(accuracy[depth]):
-                heapq.heappush(frontier, (score * float(hit), path + (rank,)))
-    return tuple(chosen)
-
-
 def fit_choices(choices: Choices, budget: DraftBudget, num_heads: int) -> Choices:
     """The choices within the budget: depth (and the heads), ranks below width, the first max_nodes in order."""
     depth = min(budget.depth, num_heads)
@@ -252,30 +233,6 @@ def fit_choices(choices: Choices, budget: DraftBudget, num_heads: int) -> Choice
     kept_set = set(kept)
     kept = [c for c in kept if all(c[:i] in kept_set for i in range(1, len(c)))]
     return tuple(kept[: budget.max_nodes])
-
-
-@torch.no_grad()
-def head_accuracy(heads: MedusaHeads, features: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor | None = None,
-                  topk: int = 10, logits: torch.Tensor | None = None) -> tuple[list[list[float]], list[int]]:
-    """Per-head top-k accuracy on a known sequence: ``features`` ``[T, H]`` of positions 0..T-1, ``chosen``
-    ``[T]`` the target's choice after each position (its argmax there), ``valid`` ``[T]`` which choices count.
-
-    Head h on the feature of position t drafts the token after position t + 1 + h; it is right at rank r when
-    its rank-r token is ``chosen[t + 1 + h]``. ``logits``: ``heads(features)`` when the caller has them already.
-    Returns (accuracy[h][r], positions counted per head)."""
-    valid = torch.ones_like(chosen, dtype=torch.bool) if valid is None else valid
-    logits = heads(features) if logits is None else logits
-    top = logits.topk(topk, dim=-1).indices  # [T, heads, k]
-    accuracy, counts = [], []
-    length = features.shape[0]
-    for h in range(heads.num_heads):
-        span = max(0, length - 1 - h)
-        target, ok = chosen[1 + h: 1 + h + span], valid[1 + h: 1 + h + span]
-        hits = (top[:span, h] == target[:, None]) & ok[:, None]
-        total = int(ok.sum())
-        counts.append(total)
-        accuracy.append((hits.sum(0).float() / max(1, total)).tolist())
-    return accuracy, counts
 
 
 # ---- the drafter ------------------------------------------------------------------------------------------------

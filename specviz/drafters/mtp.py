@@ -5,7 +5,7 @@ concatenate the other way round; its loader swaps the projection's column halves
 ``logits = head(norm(h'))``; ``emb`` and ``head`` are the target's own embedding and output layer, borrowed
 (passed in, never copied into our weights or files). ``g`` is the target
 feature ``hidden_states[L]`` for module 0 and module k-1's output at the same position for module k: the
-sequential chain of DeepSeek-V3's MTP, trained teacher-forced (``MtpStack.teacher_forced``).
+sequential chain of DeepSeek-V3's MTP, trained teacher-forced (``specviz.training.trainers.mtp.teacher_forced``).
 
 **Drafting.** With n modules, draft depth d uses module (d-1) mod n. Think of module k as having a row at every
 position t whose inputs exist (a hidden state g[t] and the token x[t+1+k]); each row attends causally to module
@@ -87,27 +87,6 @@ class MtpStack(DraftNetwork):
     def logits(self, k: int, out: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of module k's outputs (float32): the target's output layer on norm(h')."""
         return self.project_out(self.layers[k].norm(out)).float()
-
-    def teacher_forced(self, features: torch.Tensor, token_ids: torch.Tensor) -> list[torch.Tensor]:
-        """The training forward over a known sequence: module k at positions t = 0 .. T-2-k reads x[t+1+k] and,
-        as hidden state, the target feature (k = 0) or module k-1's output at t; it predicts x[t+2+k].
-
-        ``features`` ``[B, T, H]`` (target features of positions 0 .. T-1), ``token_ids`` ``[B, T]``. Returns one
-        ``[B, T-1-k, H]`` output per module (fewer when the sequence is too short). Drafting computes the same rows
-        for the committed text, and at the last position for the first n draft depths.
-        """
-        length = token_ids.shape[1]
-        outs, hidden = [], features
-        for k in range(self.num_modules):
-            span = length - 1 - k
-            if span <= 0:
-                break
-            positions = torch.arange(span, device=token_ids.device)
-            out = self.step(k, hidden[:, :span], token_ids[:, 1 + k: 1 + k + span], positions)
-            outs.append(out)
-            hidden = self.feed(k, out)
-        return outs
-
 
 #: The modules' checkpoint formats (``mtp_layouts``), their tensors named and shaped as ``MtpStack`` holds them.
 FORMAT = Format(what="MTP modules", layouts=layouts.LAYOUTS, expected_shapes=network_shapes(MtpStack),

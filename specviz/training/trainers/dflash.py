@@ -2,7 +2,7 @@
 
 Per training sequence, ``anchors`` positions are sampled among the trained ones. Each anchor a gets the block
 drafting builds, [x_a, mask, ...] at positions a .. a + b - 1, and sees what drafting after committed position a
-sees: the injected context of positions < a and its own block, non-causally (``DFlashBackbone.forward_blocks``, one
+sees: the injected context of positions < a and its own block, non-causally (``forward_blocks``, one
 forward for all blocks). Draft j (0-based) predicts the token at a + 1 + j, whose target distribution is the cached
 top-k at position a + j.
 
@@ -131,7 +131,7 @@ class DFlashTrainer(Trainer):
         length = input_ids.shape[1]
         features = torch.cat([hidden[layer] for layer in student.feature_layers], dim=-1)
         anchors = torch.arange(length - 1, device=input_ids.device)[None]
-        first = student.forward_blocks(features, input_ids, anchors)[:, :, 0]
+        first = forward_blocks(student, features, input_ids, anchors)[:, :, 0]
         logits = student.logits(first).float()
         bias = student.markov_bias(input_ids[:, : length - 1])
         if bias is not None:
@@ -197,6 +197,32 @@ def sample_anchors(batch: Batch, count: int) -> tuple[torch.Tensor, torch.Tensor
     return anchors, values >= 0
 
 
+def forward_blocks(model: dflash.DFlashBackbone, features: torch.Tensor, input_ids: torch.Tensor,
+                   anchors: torch.Tensor) -> torch.Tensor:
+    """Training's view of drafting: one block per anchor, all in one forward.
+
+    ``features``: ``[B, L, layers x H]`` target features of positions 0..L-1; ``input_ids``: ``[B, L]``;
+    ``anchors``: ``[B, A]`` anchor positions (each < L). Block m is [x_{a_m}, mask ...] at positions
+    a_m .. a_m + b - 1 and sees the context positions < a_m and its own block, exactly what drafting after
+    committed position a_m sees. Returns ``[B, A, drafts, H]``: draft j of block m predicts the token at
+    a_m + 1 + j.
+    """
+    spec, (batch, count) = model.spec, anchors.shape
+    size, length, device = spec.block_size, features.shape[1], features.device
+    offsets = torch.arange(size, device=device)
+    block_ids = torch.full((batch, count, size), spec.mask_token_id, dtype=torch.long, device=device)
+    block_ids[:, :, 0] = input_ids.gather(1, anchors)
+    block_positions = (anchors[..., None] + offsets).reshape(batch, -1)
+    sees_context = torch.arange(length, device=device) < anchors[..., None]  # [B, A, L]
+    owner = torch.arange(count, device=device).repeat_interleave(size)
+    sees_block = owner[:, None] == owner[None, :]  # [A*b, A*b]
+    mask = torch.cat([sees_context.repeat_interleave(size, dim=1),
+                      sees_block.expand(batch, -1, -1)], dim=2)[:, None]
+    out = model(features, block_ids.reshape(batch, -1), torch.arange(length, device=device), block_positions,
+                mask=mask)
+    return out.reshape(batch, count, size, -1)[:, :, spec.first_output:]
+
+
 def block_outputs(student: dflash.DFlashBackbone, batch: Batch, anchors: torch.Tensor,
                   usable: torch.Tensor | None = None) -> BlockOutputs:
     """Run the blocks at ``anchors`` (``[B, A]``; ``usable`` marks the real ones) and gather, for every draft whose
@@ -205,7 +231,7 @@ def block_outputs(student: dflash.DFlashBackbone, batch: Batch, anchors: torch.T
     ids = batch.input_ids
     batch_size, length = ids.shape
     features = torch.cat([batch.hidden[layer] for layer in spec.feature_layers], dim=-1)
-    hidden = student.forward_blocks(features, ids, anchors)  # [B, A, drafts, H]
+    hidden = forward_blocks(student, features, ids, anchors)  # [B, A, drafts, H]
     steps = torch.arange(spec.drafts, device=ids.device)
     where = anchors[..., None] + steps  # draft j's target distribution sits at a + j
     flat = where.clamp(max=length - 1).reshape(batch_size, -1)

@@ -55,7 +55,7 @@ class EagleTrainer(Trainer):
         top = train.topk_ids[:, 0]
         counts += torch.bincount(top[top >= 0], minlength=self.spec.vocab_size).float()
         size = min(int(self.opts["draft_vocab"]), self.spec.vocab_size)
-        self._draft_ids = eagle.draft_ids_from_counts(counts, size)
+        self._draft_ids = draft_ids_from_counts(counts, size)
 
     def build_student(self) -> eagle.EagleHead:
         if self.kind == "eagle3" and self._draft_ids is None:
@@ -132,13 +132,68 @@ class Eagle3Trainer(EagleTrainer):
 
 
 def unroll(head: eagle.EagleHead, features: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """Training-time test over a batch: ``head.unroll`` on the pairs (f[t], x[t+1]) of ``features`` ``[B, T, F]``
+    """Training-time test over a batch: ``unroll_steps`` on the pairs (f[t], x[t+1]) of ``features`` ``[B, T, F]``
     and ``ids`` ``[B, T]``; step i's output at index t is trained on the target's distribution of x[t+2+i].
 
     Tokens past the sequence end are padding; the positions that read them carry no loss.
     """
     steps = min(steps, ids.shape[1] - 1)
-    return head.unroll(features[:, :-1], F.pad(ids[:, 1:], (0, steps - 1)), steps)
+    return unroll_steps(head, features[:, :-1], F.pad(ids[:, 1:], (0, steps - 1)), steps)
+
+
+def unroll_steps(head: eagle.EagleHead, features: torch.Tensor, token_ids: torch.Tensor,
+                 steps: int) -> list[torch.Tensor]:
+    """Training-time test (EAGLE-3): ``steps`` head steps over a teacher-forced sequence, each step after the
+    first fed the previous step's ``next_hidden``, exactly as drafting feeds deeper tree levels.
+
+    ``features``: ``[B, T, F]`` target features of positions 0..T-1; ``token_ids``: ``[B, T + steps - 1]``, the
+    tokens x[1], x[2], ... (step i at position t reads x[t+1+i], at RoPE position t+i). Returns one ``[B, T, H]``
+    output per step; step i's output at position t predicts x[t+2+i] (through ``logits``). Attention: step 0 is
+    causal over step 0; step i > 0 also sees, at each position, that position's keys of steps 1..i (its draft
+    ancestors), as ``ttt_mask`` says.
+    """
+    length = features.shape[1]
+    if token_ids.shape[1] != length + steps - 1:
+        raise SpecvizError(f"unroll over {length} positions and {steps} steps needs {length + steps - 1} tokens, "
+                           f"got {token_ids.shape[1]}")
+    keys = _StackedKV()
+    positions = torch.arange(length, device=features.device)
+    outputs, hidden = [], features
+    for step in range(steps):
+        out = head(hidden, token_ids[:, step: step + length], positions + step, from_target=step == 0,
+                   cache=keys, mask=ttt_mask(length, step, device=features.device))
+        outputs.append(out)
+        hidden = head.next_hidden(out)
+    return outputs
+
+
+def ttt_mask(length: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``[T, T * (step + 1)]`` visibility of training-time-test step ``step``: causal over step 0's keys, then each
+    position's own keys of steps 1..step (a draft node sees the committed prefix and its ancestors)."""
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * step, dim=1)
+
+
+class _StackedKV:
+    """Keys and values of successive unrolled steps side by side (``ttt_mask``'s column order); keeps gradients."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int = 0):
+        self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=-2)
+        self.values = values if self.values is None else torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+
+def draft_ids_from_counts(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``size`` most frequent target ids (ties: lower id), sorted by id as EAGLE-3's ``d2t`` expects."""
+    if not 1 <= size <= counts.numel():
+        raise SpecvizError(f"draft vocabulary size must be in [1, {counts.numel()}], got {size}")
+    order = sorted(range(counts.numel()), key=lambda i: (-float(counts[i]), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
 
 
 def _draft_vocab_loss(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor, t2d: torch.Tensor,

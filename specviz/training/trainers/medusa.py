@@ -8,7 +8,7 @@ arrangement) and start from zero residual weights, so each head starts as the ta
 **Tree choices.** The CLI evaluates held-out target answers through ``predict_argmax`` before it saves;
 this trainer also records there every head's top-k hits against the target's own choices (the argmax of its
 output layer on each cached feature), then ``save_pretrained`` derives the static tree with Medusa's recipe
-(``medusa.derive_choices``: greedily the path with the largest product of per-head accuracies) and writes the
+(``derive_choices``: greedily the path with the largest product of per-head accuracies) and writes the
 choices and the accuracy table into the heads' config. Saved without a held-out pass, it measures on the last
 training sequences instead and says so in the config.
 
@@ -17,6 +17,8 @@ training sequences instead and says so in the config.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -105,8 +107,8 @@ class MedusaTrainer(Trainer):
         """Add this sequence's per-head top-k hits against the target's choices (its argmax on each feature)."""
         output = student.borrowed.output
         chosen = output(features.to(output.weight.dtype)).argmax(-1)
-        accuracy, counts = medusa.head_accuracy(student, features, chosen, topk=int(self.opts["choice_topk"]),
-                                                logits=logits)
+        accuracy, counts = head_accuracy(student, features, chosen, topk=int(self.opts["choice_topk"]),
+                                         logits=logits)
         hits = [[a * c for a in row] for row, c in zip(accuracy, counts)]
         if self._hits is None:
             self._hits, self._counts = hits, counts
@@ -125,7 +127,7 @@ class MedusaTrainer(Trainer):
             for i in range(max(0, self._train.num_sequences - FALLBACK_SEQUENCES), self._train.num_sequences):
                 self._record(student, hidden[self._train.sequence(i)].float())
         accuracy = [[hit / max(1, count) for hit in row] for row, count in zip(self._hits, self._counts)]
-        return medusa.derive_choices(accuracy, int(self.opts["tree_nodes"])), accuracy, measured
+        return derive_choices(accuracy, int(self.opts["tree_nodes"])), accuracy, measured
 
     def describe_student(self, student: medusa.MedusaHeads) -> dict:
         return student.spec.to_dict()
@@ -138,3 +140,47 @@ class MedusaTrainer(Trainer):
         medusa.save_heads(student.to(dtype), folder, target_name=self.options.get("target_name", "target"),
                           choices=choices, extra=extra)
         student.float()
+
+
+def derive_choices(accuracy: Sequence[Sequence[float]], nodes: int) -> medusa.Choices:
+    """Medusa's recipe: greedily add the path whose product of per-head accuracies is largest (``accuracy[h][r]``:
+    how often head h's rank-r token was the right one on held-out text); parents always come first."""
+    heads = len(accuracy)
+    if not heads or nodes < 1:
+        return ()
+    frontier = [(-float(accuracy[0][r]), (r,)) for r in range(len(accuracy[0]))]
+    heapq.heapify(frontier)
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < nodes:
+        score, path = heapq.heappop(frontier)
+        chosen.append(path)
+        depth = len(path)
+        if depth < heads:
+            for rank, hit in enumerate(accuracy[depth]):
+                heapq.heappush(frontier, (score * float(hit), path + (rank,)))
+    return tuple(chosen)
+
+
+@torch.no_grad()
+def head_accuracy(heads: medusa.MedusaHeads, features: torch.Tensor, chosen: torch.Tensor,
+                  valid: torch.Tensor | None = None, topk: int = 10,
+                  logits: torch.Tensor | None = None) -> tuple[list[list[float]], list[int]]:
+    """Per-head top-k accuracy on a known sequence: ``features`` ``[T, H]`` of positions 0..T-1, ``chosen``
+    ``[T]`` the target's choice after each position (its argmax there), ``valid`` ``[T]`` which choices count.
+
+    Head h on the feature of position t drafts the token after position t + 1 + h; it is right at rank r when
+    its rank-r token is ``chosen[t + 1 + h]``. ``logits``: ``heads(features)`` when the caller has them already.
+    Returns (accuracy[h][r], positions counted per head)."""
+    valid = torch.ones_like(chosen, dtype=torch.bool) if valid is None else valid
+    logits = heads(features) if logits is None else logits
+    top = logits.topk(topk, dim=-1).indices  # [T, heads, k]
+    accuracy, counts = [], []
+    length = features.shape[0]
+    for h in range(heads.num_heads):
+        span = max(0, length - 1 - h)
+        target, ok = chosen[1 + h: 1 + h + span], valid[1 + h: 1 + h + span]
+        hits = (top[:span, h] == target[:, None]) & ok[:, None]
+        total = int(ok.sum())
+        counts.append(total)
+        accuracy.append((hits.sum(0).float() / max(1, total)).tolist())
+    return accuracy, counts

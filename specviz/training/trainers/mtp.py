@@ -3,7 +3,7 @@
 DeepSeek-V3 trains its MTP modules jointly with the model; ours learn afterwards, from the target's own
 ``hidden_states[L]`` and distribution, which is what a drafter for an existing model can do. Module k, teacher
 forced, reads at position t the token x[t+1+k] and module k-1's output at t (module 0: the target feature) and
-learns the target's distribution of x[t+2+k] (``MtpStack.teacher_forced``, the same rows drafting computes): soft
+learns the target's distribution of x[t+2+k] (``teacher_forced``, the same rows drafting computes): soft
 cross-entropy to the cached top-k plus a hard term on the target's argmax (EAGLE's ``_draft_vocab_loss`` over the
 whole vocabulary). The module losses are averaged, as DeepSeek-V3 averages its MTP losses over depth.
 
@@ -58,7 +58,7 @@ class MtpTrainer(Trainer):
     def loss(self, student: mtp.MtpStack, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         ids = batch.input_ids
         vocab = torch.arange(self.spec.vocab_size, device=ids.device)
-        outs = student.teacher_forced(batch.hidden[self.spec.feature_layer], ids)
+        outs = teacher_forced(student, batch.hidden[self.spec.feature_layer], ids)
         total, used, stats = 0.0, 0, {}
         for k, out in enumerate(outs):
             span = out.shape[1]
@@ -95,6 +95,27 @@ class MtpTrainer(Trainer):
     def save_pretrained(self, student: mtp.MtpStack, folder: Path, *, dtype: torch.dtype = torch.float32) -> None:
         mtp.save_stack(student.to(dtype), folder, target_name=self.options.get("target_name", "target"))
         student.float()
+
+
+def teacher_forced(stack: mtp.MtpStack, features: torch.Tensor, token_ids: torch.Tensor) -> list[torch.Tensor]:
+    """The training forward over a known sequence: module k at positions t = 0 .. T-2-k reads x[t+1+k] and,
+    as hidden state, the target feature (k = 0) or module k-1's output at t; it predicts x[t+2+k].
+
+    ``features`` ``[B, T, H]`` (target features of positions 0 .. T-1), ``token_ids`` ``[B, T]``. Returns one
+    ``[B, T-1-k, H]`` output per module (fewer when the sequence is too short). Drafting computes the same rows
+    for the committed text, and at the last position for the first n draft depths.
+    """
+    length = token_ids.shape[1]
+    outs, hidden = [], features
+    for k in range(stack.num_modules):
+        span = length - 1 - k
+        if span <= 0:
+            break
+        positions = torch.arange(span, device=token_ids.device)
+        out = stack.step(k, hidden[:, :span], token_ids[:, 1 + k: 1 + k + span], positions)
+        outs.append(out)
+        hidden = stack.feed(k, out)
+    return outs
 
 
 def _one_layer(text, num_layers: int) -> int:
