@@ -2,9 +2,10 @@
 
     python tools/answer_rate.py [--target smollm2-135m] [--prompts 256] [--gen-tokens 144] [--threads 2]
 
-Answers the same generated training prompts (``specviz data``'s own) three ways, one after another in one process:
+Answers the same generated training prompts (``specviz data``'s own) four ways, one after another in one process:
 transformers' padded batches (``generate.greedy_batch``, 16 rows: the pipeline before the slot decoder), the slot
-decoder in float32 and in bfloat16 (128 slots). Each line gives answer and forward tokens per second and the
+decoder in float32 and in bfloat16 with torch's attention, and in bfloat16 with the decode-attention kernel (what
+``specviz data`` runs; 128 slots). Each line gives answer and forward tokens per second and the
 fraction of the floor in its dtype (``specviz.training.floor``). Then the labels: on the bfloat16 answers, the share
 of answer positions whose bfloat16 top-1 differs from the float32 target's on the same context (a teacher-forced
 pass), and the mean total-variation distance of their top-k probabilities. Run it on a quiet machine.
@@ -65,15 +66,18 @@ def main() -> None:
                 padded[i] = ids
         report("padded batches of 16, float32", torch.float32, list(padded.values()), time.perf_counter() - start)
     decoded = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, kernel in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
         start = time.perf_counter()
-        decoded[dtype] = SlotDecoder(model, slots=128, dtype=dtype).answer(prompts, max_new_tokens=args.gen_tokens,
-                                                                           eos=eos)
+        decoder = SlotDecoder(model, slots=128, dtype=dtype, attention_kernel=kernel)
+        decoded[dtype, kernel] = decoder.answer(prompts, max_new_tokens=args.gen_tokens, eos=eos)
         report(f"slot decoder, 128 slots, {str(dtype).removeprefix('torch.')}", dtype,
-               [a.ids for a in decoded[dtype]], time.perf_counter() - start)
-    same = sum(a.ids == b.ids for a, b in zip(decoded[torch.float32], decoded[torch.bfloat16]))
-    print(f"answers identical in both dtypes: {same} of {len(prompts)}")
-    _label_change(model, prompts, decoded[torch.bfloat16])
+               [a.ids for a in decoded[dtype, kernel]], time.perf_counter() - start)
+        print(f"  attention: {decoder.describe_attention()}")
+    for kernel in (False, True):
+        same = sum(a.ids == b.ids for a, b in zip(decoded[torch.float32, False], decoded[torch.bfloat16, kernel]))
+        print(f"bfloat16 ({'decode-attention kernel' if kernel else 'torch attention'}): answers identical to "
+              f"float32's: {same} of {len(prompts)}")
+        _label_change(model, prompts, decoded[torch.bfloat16, kernel])
 
 
 def _label_change(model, prompts: list[list[int]], answers) -> None:

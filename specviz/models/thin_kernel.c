@@ -185,3 +185,176 @@ void thin_linear_i8(const float *x, const int8_t *packed, const float *scale, co
                     long n, long k) {
     run(i8_one, i8_two, sizeof(int8_t), x, packed, scale, bias, y, m, n, k);
 }
+
+/* ---- decode attention ----------------------------------------------------------------------------------------
+ *
+ * One query per row (a decoding step of many answers at once, specviz/training/slot_decoder.py) against that row's
+ * cached keys and values in bfloat16, every sum in float32. Torch's batched products read a slice of the cache
+ * buffer only after copying it (the slice is not contiguous) and keep the scores in bfloat16; here each row reads
+ * its own keys and values once, up to its own length, and the query heads that share a key/value head (grouped-query
+ * attention) are all scored against each key as it is read. Softmax is online (attend_row); exp is a polynomial
+ * accurate to about one float32 ulp on the range softmax uses. Called only from the torch operator
+ * specviz::decode_attention (specviz/models/decode_attention.py), which checks every argument.
+ *
+ * q: [rows, kv_heads, group, dim] float32; keys, values: [slots, kv_heads, capacity, dim] bfloat16 (row r reads
+ * its slot, positions 0 .. lengths[r]: a decoding step has one row per slot, a prefill one per prompt position);
+ * out: [rows, kv_heads, group, dim] float32. All contiguous; dim a multiple of 2 * LANES (thin_lanes()). */
+
+#ifdef __AVX512F__
+#define MAX(a, b) ((vec)_mm512_max_ps((__m512)(a), (__m512)(b)))
+#define ROUND(a) ((vec)_mm512_roundscale_ps((__m512)(a), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#else
+#define MAX(a, b) ((vec)_mm256_max_ps((__m256)(a), (__m256)(b)))
+#define ROUND(a) ((vec)_mm256_round_ps((__m256)(a), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#endif
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t)), aligned(4)));
+
+int thin_lanes(void) { return LANES; }
+
+/* The sum of a vector's lanes, as a tree of vector adds (a loop over the lanes would be one long chain). */
+static inline float hsum(vec v) {
+#ifdef __AVX512F__
+    return _mm512_reduce_add_ps((__m512)v);
+#else
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+#endif
+}
+
+/* The largest of a vector's lanes. */
+static inline float hmax(vec v) {
+#ifdef __AVX512F__
+    return _mm512_reduce_max_ps((__m512)v);
+#else
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+#endif
+}
+
+/* e^x for x <= 0 (scores minus their maximum): 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its Taylor
+ * series to degree 7 (truncation below 1e-8 relative); below -87 it returns e^-87 (~1e-38), which a sum of
+ * weights that includes the maximum's 1 cannot tell from zero. */
+static inline vec exp_nonpositive(vec x) {
+    x = MAX(x, (vec){0} - 87.0f);
+    vec t = x * 1.4426950408889634f;
+    vec n = ROUND(t);
+    vec f = (t - n) * 0.6931471805599453f;
+    vec p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720
+            + f * (1.0f / 5040)))))));
+    ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+    return p * (vec)bits;
+}
+
+/* A bfloat16 value is the top half of a float32, so 2 * LANES of them loaded as LANES 32-bit words widen by a shift
+ * (the even elements: each word's low half) and a mask (the odd ones: its high half), with no shuffle. Query and
+ * output are kept in that even/odd order; the sums are the same. */
+#define EVEN(words) ((vec)((words) << 16))
+#define ODD(words) ((vec)((words) & (int32_t)0xFFFF0000))
+
+/* One (row, key/value head): its `group` query heads against positions 0 .. span - 1, in blocks of LANES
+ * positions, each block's keys and then its values read once (two streams read side by side, so neither waits for
+ * memory alone). Softmax is online: each block's weights are e^(score - the largest score so far), and what was
+ * summed before a larger score arrived is scaled down by e^(old - new largest). Inlined per group and head size, so
+ * the query heads' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+attend_row(const float *restrict q, const uint16_t *restrict keys, const uint16_t *restrict values,
+           float *restrict out, long span, const long group, const long dim, float scale) {
+    const long pairs = dim / (2 * LANES);
+    vec query[group][pairs][2], acc[group][pairs][2];
+    float top[group], total[group];
+    for (long j = 0; j < group; j++) {
+        top[j] = -1e30f;
+        total[j] = 0;
+        for (long p = 0; p < pairs; p++) { /* through plain arrays: indexing a vector's lanes would keep the
+                                             * accumulators out of registers */
+            float even[LANES], odd[LANES];
+            for (long i = 0; i < LANES; i++) {
+                even[i] = q[j * dim + p * 2 * LANES + 2 * i] * scale;
+                odd[i] = q[j * dim + p * 2 * LANES + 2 * i + 1] * scale;
+            }
+            query[j][p][0] = LOAD_F32(even);
+            query[j][p][1] = LOAD_F32(odd);
+            acc[j][p][0] = acc[j][p][1] = (vec){0};
+        }
+    }
+    for (long first = 0; first < span; first += LANES) {
+        long count = span - first < LANES ? span - first : LANES;
+        float weights[group][LANES] __attribute__((aligned(64)));
+        for (long t = 0; t < LANES; t++) { /* every query head against each key of the block, read once */
+            const uint16_t *key = keys + (first + t) * dim;
+            vec sum[group];
+            for (long j = 0; j < group; j++) sum[j] = (vec){0};
+            if (t < count)
+                for (long p = 0; p < pairs; p++) {
+                    ivec words = *(const ivec *)(key + p * 2 * LANES);
+                    vec even = EVEN(words), odd = ODD(words);
+                    for (long j = 0; j < group; j++) sum[j] += query[j][p][0] * even + query[j][p][1] * odd;
+                }
+            for (long j = 0; j < group; j++) weights[j][t] = t < count ? hsum(sum[j]) : -1e30f;
+        }
+        for (long j = 0; j < group; j++) {
+            vec scores = LOAD_F32(weights[j]);
+            float largest = hmax(scores) > top[j] ? hmax(scores) : top[j];
+            vec rescale = exp_nonpositive((vec){0} + (top[j] - largest));
+            vec w = exp_nonpositive(scores - largest); /* the padding's weights are ~1e-38 */
+            *(vec *)weights[j] = w;
+            total[j] = total[j] * rescale[0] + hsum(w);
+            top[j] = largest;
+            for (long p = 0; p < pairs; p++) {
+                acc[j][p][0] *= rescale;
+                acc[j][p][1] *= rescale;
+            }
+        }
+        for (long t = 0; t < count; t++) { /* every query head's weighted values, each value read once */
+            const uint16_t *value = values + (first + t) * dim;
+            for (long p = 0; p < pairs; p++) {
+                ivec words = *(const ivec *)(value + p * 2 * LANES);
+                vec even = EVEN(words), odd = ODD(words);
+                for (long j = 0; j < group; j++) {
+                    acc[j][p][0] += weights[j][t] * even;
+                    acc[j][p][1] += weights[j][t] * odd;
+                }
+            }
+        }
+    }
+    for (long j = 0; j < group; j++)
+        for (long p = 0; p < pairs; p++) {
+            float even[LANES], odd[LANES];
+            *(vec *)even = acc[j][p][0] / total[j];
+            *(vec *)odd = acc[j][p][1] / total[j];
+            for (long i = 0; i < LANES; i++) {
+                out[j * dim + p * 2 * LANES + 2 * i] = even[i];
+                out[j * dim + p * 2 * LANES + 2 * i + 1] = odd[i];
+            }
+        }
+}
+
+/* slots: [rows] int64, the cache slot each row reads (NULL: row r reads slot r). */
+void decode_attention_bf16(const float *q, const uint16_t *keys, const uint16_t *values, const int64_t *lengths,
+                           const int64_t *slots, float *out, long rows, long kv_heads, long group, long dim,
+                           long capacity, float scale) {
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (long task = 0; task < rows * kv_heads; task++) {
+        long row = task / kv_heads, head = task % kv_heads, span = lengths[row] + 1;
+        const long cache = ((slots ? slots[row] : row) * kv_heads + head) * capacity * dim;
+        const float *query = q + task * group * dim;
+        float *result = out + task * group * dim;
+#define ATTEND(G, D) attend_row(query, keys + cache, values + cache, result, span, G, D, scale)
+#define SIZES(G) if (dim == 64) ATTEND(G, 64); else if (dim == 128) ATTEND(G, 128); else ATTEND(G, dim)
+        switch (group) { /* the common shapes inlined with constant sizes, so their loops unroll into registers */
+        case 1: SIZES(1); break;
+        case 2: SIZES(2); break;
+        case 3: SIZES(3); break;
+        case 4: SIZES(4); break;
+        case 5: SIZES(5); break;
+        case 6: SIZES(6); break;
+        case 7: SIZES(7); break;
+        case 8: SIZES(8); break;
+        default: ATTEND(group, dim);
+        }
+#undef SIZES
+#undef ATTEND
+    }
+}

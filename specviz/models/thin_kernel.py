@@ -1,6 +1,8 @@
-"""The thin kernel's shared library: a matrix product for thin inputs (1 to a few dozen rows), built for this
-machine on first use. Torch code reaches it only through the operator ``specviz::thin_linear``
-(``specviz.models.linear_ops``), which checks its arguments and is what the profiler and ``torch.compile`` see.
+"""The thin kernel's shared library: a matrix product for thin inputs (1 to a few dozen rows), and attention for
+one query per row against a bfloat16 cache, built for this machine on first use. Torch code reaches it only through
+the operators ``specviz::thin_linear`` (``specviz.models.linear_ops``) and ``specviz::decode_attention``
+(``specviz.models.decode_attention``), which check their arguments and are what the profiler and ``torch.compile``
+see.
 
 A target forward in speculative decoding multiplies each weight matrix by 1 (a plain step) to k + 1 or a tree's
 width (a verify) rows. On CPUs the library kernels are tuned for square-ish products and their cost grows with the
@@ -43,8 +45,8 @@ PANEL = 16
 
 
 class ThinKernel:
-    """The loaded library: its products by weight dtype (float32, int8) and its register-block sizes. Called only
-    by ``specviz::thin_linear``, which checks the arguments these raw pointers cannot."""
+    """The loaded library: its products by weight dtype (float32, int8), its register-block sizes and its decode
+    attention. Called only by the operators, which check the arguments these raw pointers cannot."""
 
     def __init__(self, library: ctypes.CDLL, path: Path):
         self.path = path
@@ -56,6 +58,11 @@ class ThinKernel:
             product.restype = None
         self.max_rows = int(library.thin_max_rows())  # rows multiplied against a panel in one pass
         self.pair_rows = int(library.thin_pair_rows())  # up to this many rows, two panels are read at once
+        #: decode_attention(q, keys, values, lengths, slots, out, rows, kv_heads, group, dim, capacity, scale)
+        self.decode_attention = library.decode_attention_bf16
+        self.decode_attention.argtypes = [pointer] * 6 + [size] * 5 + [ctypes.c_float]
+        self.decode_attention.restype = None
+        self.lanes = int(library.thin_lanes())  # floats per vector: attention's head size is a multiple of it
         if int(library.thin_panel()) != PANEL:
             raise AttributeError(f"its panel holds {library.thin_panel()} outputs, not {PANEL}")
 

@@ -5,8 +5,10 @@ layer's cache, short answers leave the batch and nothing takes their place, so o
 the machine's matrix products could do (``floor.py`` measures that floor; BENCHMARKS.md has the figures). Here the
 decoder keeps a fixed number of *slots* with preallocated key/value buffers: a finished answer frees its slot, the
 next prompts are prefilled into the free slots together, and each step decodes every live answer in one forward
-whose products have a row per answer. Slots are kept sorted by context length (live ones first), so one step's
-attention reads each group of neighbours only up to the group's longest context. The forward is the model's own
+whose products have a row per answer. A step's attention in bfloat16 runs the thin library's decode attention
+(``specviz.models.decode_attention``: each row reads its own cache once, up to its own length, with float32 sums);
+elsewhere torch's products, with slots kept sorted by context length (live ones first) so that the step reads each
+group of neighbours only up to the group's longest context. The forward is the model's own
 maths on its own tensors (q/k/v and gate/up stacked once), written out so that the cache is two tensors per layer
 instead of a ``Cache`` object.
 
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from specviz.models import decode_attention
 
 #: model types whose decoder layers compute exactly what ``_layer`` below computes
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -77,7 +81,7 @@ class _Layer:
 class SlotDecoder:
     """Answers many prompts with ``slots`` rows decoding at once; see the module docstring."""
 
-    def __init__(self, model, *, slots: int = 64, dtype: torch.dtype | None = None):
+    def __init__(self, model, *, slots: int = 64, dtype: torch.dtype | None = None, attention_kernel: bool = True):
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"the slot decoder cannot run this model: {reason}")
@@ -96,6 +100,15 @@ class SlotDecoder:
         self.final_norm = inner.norm.weight.detach().to(self.dtype)
         self.lm_head = model.lm_head.weight.detach().to(self.dtype)
         self.scaling = self.head_dim ** -0.5
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        #: why attention runs through torch rather than the decode-attention kernel (None: the kernel)
+        self.torch_attention_reason = (decode_attention.usable(probe, self.head_dim) if attention_kernel
+                                       else "attention_kernel=False")
+
+    def describe_attention(self) -> str:
+        """Which attention the decoder runs, for the data log."""
+        reason = self.torch_attention_reason
+        return "specviz::decode_attention" if reason is None else f"torch's ({reason})"
 
     # -- the forward ---------------------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -133,24 +146,49 @@ class SlotDecoder:
         cos, sin = self._rope(torch.arange(width, device=self.device).expand(len(prompts), width))
         x = self.embed[ids]
         index = torch.tensor(slots, device=self.device)
+        row_slots = index.repeat_interleave(width)  # the kernel's rows: every position of every prompt
+        row_lengths = torch.arange(width, device=self.device).repeat(len(prompts))
         for layer, k_buf, v_buf in zip(self.layers, keys, values):
             q, k, v = self._attention_inputs(layer, x, cos, sin)
             k_buf[index, :, :width] = k
             v_buf[index, :, :width] = v
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
+            if self.torch_attention_reason is None:
+                rows = q.transpose(1, 2).reshape(len(prompts) * width, self.heads, 1, self.head_dim)
+                attended = self._attend_kernel(rows, k_buf, v_buf, row_lengths, row_slots)
+                attended = attended.view(len(prompts), width, self.heads, self.head_dim).transpose(1, 2)
+            else:
+                attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling,
+                                                          enable_gqa=True)
             x = self._finish_layer(layer, x, attended)
         last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
         return F.linear(self._norm(x[torch.arange(len(prompts)), last], self.final_norm), self.lm_head)
 
     def _step(self, tokens: torch.Tensor, lengths: torch.Tensor, keys, values) -> torch.Tensor:
         """Decode one token in every slot given (the first ones: the loop keeps answers in them) at position
-        ``lengths[slot]``; return their logits.
-
-        Attention reads each group of ``GROUP`` neighbouring slots up to that group's longest context only; the
-        loop keeps slots sorted by length (``_sort``), so neighbours have similar contexts and little is read twice.
-        """
+        ``lengths[slot]``; return their logits."""
         rows = torch.arange(len(lengths), device=self.device)
         cos, sin = self._rope(lengths[:, None])
+        attend = self._attend_kernel if self.torch_attention_reason is None else self._attend_groups(lengths)
+        x = self.embed[tokens][:, None]
+        for layer, k_buf, v_buf in zip(self.layers, keys, values):
+            q, k, v = self._attention_inputs(layer, x, cos, sin)
+            k_buf[rows, :, lengths] = k[:, :, 0]
+            v_buf[rows, :, lengths] = v[:, :, 0]
+            x = self._finish_layer(layer, x, attend(q, k_buf, v_buf, lengths))
+        return F.linear(self._norm(x[:, 0], self.final_norm), self.lm_head)
+
+    def _attend_kernel(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                       slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Each row's query heads ``[rows, heads, 1, head_dim]`` against its slot's cache (``slots``, default: row r
+        reads slot r) up to ``lengths[row]``, through ``specviz::decode_attention``."""
+        rows = q.shape[0]
+        grouped = q.reshape(rows, self.kv_heads, self.heads // self.kv_heads, self.head_dim).float().contiguous()
+        out = decode_attention.attend(grouped, keys, values, lengths, self.scaling, slots)
+        return out.view(rows, self.heads, 1, self.head_dim).to(self.dtype)
+
+    def _attend_groups(self, lengths: torch.Tensor):
+        """Torch's attention for a step: each group of ``GROUP`` neighbouring slots reads up to its longest context
+        (the loop keeps slots sorted by length, so neighbours have similar contexts and little is read twice)."""
         positions = torch.arange(int(lengths.max()) + 1, device=self.device)
         groups = []
         for start in range(0, len(lengths), GROUP):
@@ -158,15 +196,11 @@ class SlotDecoder:
             members = lengths[start:stop]
             span = int(members.max()) + 1
             groups.append((start, stop, span, (positions[None, :span] > members[:, None])[:, None, None, :]))
-        x = self.embed[tokens][:, None]
-        for layer, k_buf, v_buf in zip(self.layers, keys, values):
-            q, k, v = self._attention_inputs(layer, x, cos, sin)
-            k_buf[rows, :, lengths] = k[:, :, 0]
-            v_buf[rows, :, lengths] = v[:, :, 0]
-            attended = torch.cat([self._attend_one(q[a:b], k_buf[a:b, :, :span], v_buf[a:b, :, :span], hidden)
-                                  for a, b, span, hidden in groups])
-            x = self._finish_layer(layer, x, attended)
-        return F.linear(self._norm(x[:, 0], self.final_norm), self.lm_head)
+
+        def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self._attend_one(q[a:b], keys[a:b, :, :span], values[a:b, :, :span], hidden)
+                              for a, b, span, hidden in groups])
+        return attend
 
     @staticmethod
     def _sort(lengths: torch.Tensor, tokens: torch.Tensor, keys, values, owner: dict[int, int],
