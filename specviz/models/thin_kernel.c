@@ -211,27 +211,21 @@ typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t)), aligne
 
 int thin_lanes(void) { return LANES; }
 
-/* The sum of a vector's lanes, as a tree of vector adds (a loop over the lanes would be one long chain). */
-static inline float hsum(vec v) {
+/* A vector's lanes reduced to one float by a tree of vector operations (a loop over the lanes would be one long
+ * chain): hsum adds them, hmax takes the largest. */
 #ifdef __AVX512F__
-    return _mm512_reduce_add_ps((__m512)v);
+#define REDUCTION(NAME, WHOLE, PAIRS, LAST)                                                                     \
+    static inline float NAME(vec v) { return WHOLE((__m512)v); }
 #else
-    __m128 half = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
-    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+#define REDUCTION(NAME, WHOLE, PAIRS, LAST)                                                                     \
+    static inline float NAME(vec v) {                                                                           \
+        __m128 half = PAIRS(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));           \
+        half = PAIRS(half, _mm_movehl_ps(half, half));                                                          \
+        return _mm_cvtss_f32(LAST(half, _mm_movehdup_ps(half)));                                                \
+    }
 #endif
-}
-
-/* The largest of a vector's lanes. */
-static inline float hmax(vec v) {
-#ifdef __AVX512F__
-    return _mm512_reduce_max_ps((__m512)v);
-#else
-    __m128 half = _mm_max_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
-    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
-#endif
-}
+REDUCTION(hsum, _mm512_reduce_add_ps, _mm_add_ps, _mm_add_ss)
+REDUCTION(hmax, _mm512_reduce_max_ps, _mm_max_ps, _mm_max_ss)
 
 /* e^x for x <= 0 (scores minus their maximum): 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its Taylor
  * series to degree 7 (truncation below 1e-8 relative); below -87 it returns e^-87 (~1e-38), which a sum of
