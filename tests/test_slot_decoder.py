@@ -103,3 +103,14 @@ def test_the_floor_is_the_matrix_rate_over_two_flops_a_weight():
     assert "100 answer tokens/s, 300 forward tokens/s = 30% of the floor (1000 tokens/s" in rate.describe(
         torch.bfloat16)
     assert matmul_gflops(side=256, repeats=1) > 0
+
+
+def test_the_data_builds_floor_is_the_best_rate_it_measured(monkeypatch):
+    """Measured again at every shard, the best kept: a floor first measured on a busy machine rises when the machine
+    is quiet, and one busy moment later does not lower it."""
+    from specviz.training import data
+
+    measured = iter([100.0, 400.0, 200.0])
+    monkeypatch.setattr(data, "matmul_gflops", lambda dtype, device: next(measured))
+    monkeypatch.setattr(data, "_BEST_GFLOPS", {})
+    assert [data._gflops(torch.bfloat16, "cpu") for _ in range(3)] == [100.0, 400.0, 400.0]

@@ -5,7 +5,6 @@ interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
-import functools
 import random
 import time
 from dataclasses import dataclass, replace
@@ -139,9 +138,17 @@ def answer_rate(target, shard: FeatureSet, seconds: float, gen_dtype: str) -> st
     return rate.describe(dtype)
 
 
-@functools.cache
+#: the best matrix-product rate measured in this process, per (dtype, device)
+_BEST_GFLOPS: dict[tuple[torch.dtype, str], float] = {}
+
+
 def _gflops(dtype: torch.dtype, device: str) -> float:
-    return matmul_gflops(dtype, device=device)
+    """The machine's matrix-product rate in ``dtype``, measured again at every shard (a fraction of a second) and the
+    best kept: a floor first measured while other work shared the machine would otherwise stay understated for the
+    whole build, and every later shard would read as a larger share of it than it is."""
+    key = (dtype, device)
+    _BEST_GFLOPS[key] = max(_BEST_GFLOPS.get(key, 0.0), matmul_gflops(dtype, device=device))
+    return _BEST_GFLOPS[key]
 
 
 def hidden_states_over(target, answered: FeatureSet, plan: DataPlan) -> FeatureSet:
