@@ -435,8 +435,12 @@ def test_trace_upload_and_replay(page):
                                 timeout=60_000)
     page.choose("trace-which", "Chain vs Tree: tree")
     page.page.wait_for_function("!document.querySelector('#trace-download').disabled", timeout=30_000)
-    with page.page.expect_download() as download:
-        page.page.click("#trace-download")
+    for _ in range(60):  # the button still offers the previous choice's file until the server's answer lands
+        with page.page.expect_download() as download:
+            page.page.click("#trace-download")
+        if download.value.suggested_filename.startswith("specviz-tree-"):
+            break
+        page.page.wait_for_timeout(500)
     saved = ARTIFACTS / "downloaded-tree.jsonl"
     download.value.save_as(saved)
     from specviz.engine import trace
