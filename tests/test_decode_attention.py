@@ -94,9 +94,9 @@ def test_bad_arguments_are_one_line_errors_before_any_pointer(change, message):
 
 
 def test_usable_names_what_keeps_torchs_attention():
-    assert decode_attention.usable(torch.empty(0, dtype=torch.bfloat16), 64) is None
-    assert "bfloat16 caches" in decode_attention.usable(torch.empty(0), 64)
-    assert "not a multiple" in decode_attention.usable(torch.empty(0, dtype=torch.bfloat16), 2 * KERNEL.lanes + 8)
+    assert decode_attention.usable(torch.bfloat16, "cpu", 64) is None
+    assert "bfloat16 caches" in decode_attention.usable(torch.float32, "cpu", 64)
+    assert "not a multiple" in decode_attention.usable(torch.bfloat16, "cpu", 2 * KERNEL.lanes + 8)
 
 
 def test_the_profiler_and_torch_compile_see_the_operator():

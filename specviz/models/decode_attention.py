@@ -20,14 +20,14 @@ from specviz.models import thin_kernel
 OP = "specviz::decode_attention"
 
 
-def usable(keys: torch.Tensor, head_dim: int) -> str | None:
-    """Why the kernel cannot attend over this cache (None when it can): it reads bfloat16 CPU caches whose head size
-    is a multiple of the machine's vector width, where the thin library built."""
+def usable(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> str | None:
+    """Why the kernel cannot attend over a cache of ``dtype`` on ``device`` (None when it can): it reads bfloat16 CPU
+    caches whose head size is a multiple of twice the machine's vector width, where the thin library built."""
     kernel = thin_kernel.load()
     if kernel is None:
         return f"the thin kernel did not build here: {thin_kernel.unavailable_reason()}"
-    if keys.dtype != torch.bfloat16 or keys.device.type != "cpu":
-        return f"it reads bfloat16 caches on the CPU, not {keys.dtype} on {keys.device}"
+    if dtype != torch.bfloat16 or torch.device(device).type != "cpu":
+        return f"it reads bfloat16 caches on the CPU, not {dtype} on {device}"
     if head_dim % (2 * kernel.lanes):
         return f"head size {head_dim} is not a multiple of {2 * kernel.lanes}"
     return None

@@ -100,10 +100,9 @@ class SlotDecoder:
         self.final_norm = inner.norm.weight.detach().to(self.dtype)
         self.lm_head = model.lm_head.weight.detach().to(self.dtype)
         self.scaling = self.head_dim ** -0.5
-        probe = torch.empty(0, dtype=self.dtype, device=self.device)
         #: why attention runs through torch rather than the decode-attention kernel (None: the kernel)
-        self.torch_attention_reason = (decode_attention.usable(probe, self.head_dim) if attention_kernel
-                                       else "attention_kernel=False")
+        self.torch_attention_reason = (decode_attention.usable(self.dtype, self.device, self.head_dim)
+                                       if attention_kernel else "attention_kernel=False")
 
     def describe_attention(self) -> str:
         """Which attention the decoder runs, for the data log."""
