@@ -556,3 +556,40 @@ def test_the_data_command_builds_the_cache_train_then_reads(tmp_path, capsys):
     assert (tmp_path / "run" / "final").is_dir()
     assert specviz_main(["data", *data_options, "--gen-batch", "0"]) == 2
     assert "--gen-batch must be 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_live_features_train_what_cached_features_train(tmp_path, capsys, kind):
+    """``--live-features`` computes each batch's hidden states as it is drawn instead of caching the training set's:
+    the same losses and held-out figures as the cached run (the same pass, over fewer sequences at a time), no
+    training feature file on disk, and a resumed live run continues where it stopped. A family that reads no hidden
+    states refuses the option in one line."""
+    target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=4)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(story(3, 600))
+    common = ["--target", str(target_dir), "--data", str(corpus), "--batch-size", "2", "--seq-len", "48",
+              "--prompts", "6", "--eval-prompts", "2", "--gen-tokens", "6", "--gen-batch", "4", "--gen-dtype",
+              "target", "--corpus-tokens", "100", "--save-every", "2", "--seed", "2"]
+    runs = {}
+    for mode in ("cached", "live"):
+        live = ["--live-features"] if mode == "live" else []
+        cache = tmp_path / f"cache-{mode}"
+        assert main([kind, *common, *live, "--steps", "4", "--out", str(tmp_path / mode),
+                     "--cache-dir", str(cache)]) == 0
+        runs[mode] = json.loads((tmp_path / mode / "metrics.json").read_text())
+        hidden_files = sorted(p.name.split("-")[0] for p in (cache / "features").iterdir()
+                              if FeatureSet.read_meta(p).get("layers"))
+        assert hidden_files == (["answers", "corpus", "heldout"] if mode == "cached" else ["heldout"])
+    assert "live features: each batch's target hidden states" in capsys.readouterr().err
+    cached, live = runs["cached"], runs["live"]
+    assert [h["step"] for h in live["history"]] == [h["step"] for h in cached["history"]]
+    for a, b in zip(cached["history"], live["history"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+    assert live["heldout"]["top1_agreement"] == cached["heldout"]["top1_agreement"]
+    assert live["train_positions"] == cached["train_positions"]
+    assert main([kind, *common, "--live-features", "--steps", "6", "--out", str(tmp_path / "live"),
+                 "--cache-dir", str(tmp_path / "cache-live"), "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().err
+    assert main(["draft-lm", *common, "--live-features", "--steps", "1", "--hidden", "16", "--layers", "1",
+                 "--out", str(tmp_path / "lm"), "--cache-dir", str(tmp_path / "cache-live")]) == 2
+    assert "--live-features: draft-lm reads no hidden states" in capsys.readouterr().err.strip().splitlines()[-1]

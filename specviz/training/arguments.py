@@ -31,6 +31,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--live-features", action="store_true",
+                        help="hidden-state families: compute the training sequences' target features batch by batch "
+                             "as they are trained on instead of caching them (the disk and memory of a large data "
+                             "set are then its answers'; each epoch pays the target's pass again)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
     parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps")

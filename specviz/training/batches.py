@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,11 +67,22 @@ def make_batch(features: FeatureSet, indices: list[int], seq_len: int) -> Batch:
     return Batch(ids, attn, loss, labels, top_i, top_p, hidden)
 
 
-def batch_stream(features: FeatureSet, batch_size: int, seq_len: int, rng: random.Random):
-    """Endless shuffled batches; sequences with no trainable position are skipped."""
+def batch_indices(features: FeatureSet, batch_size: int, rng: random.Random):
+    """Endless shuffled lists of sequence indices, ``batch_size`` each; sequences with no trainable position are
+    skipped. Cheap to advance, so a resumed run skips the batches it already trained on without building them."""
     usable = [i for i in range(features.num_sequences) if features.loss_mask[features.sequence(i)].any()]
     while True:
         order = usable[:]
         rng.shuffle(order)
         for start in range(0, len(order) - batch_size + 1, batch_size):
-            yield make_batch(features, order[start:start + batch_size], seq_len)
+            yield order[start:start + batch_size]
+
+
+def collate(features: FeatureSet, indices: list[int], seq_len: int,
+            featurize: Callable[[FeatureSet], FeatureSet] | None = None) -> Batch:
+    """The batch of ``indices``; with ``featurize`` (live features), their sequences first go through it, which
+    adds the target's hidden states (and its own top-k) that the feature set does not store."""
+    if featurize is None:
+        return make_batch(features, indices, seq_len)
+    chosen = featurize(features.subset(indices))
+    return make_batch(chosen, list(range(chosen.num_sequences)), seq_len)

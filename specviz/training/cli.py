@@ -13,6 +13,7 @@ import math
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from specviz import outputs
 from specviz.errors import SpecvizError
 from specviz.training.arguments import DESCRIPTION, add_data_arguments, add_train_arguments, build_parser
-from specviz.training.data import MIN_WINDOW, DataPlan, build_data, positions_subset
+from specviz.training.data import MIN_WINDOW, DataPlan, build_data, live_featurizer, positions_subset
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
 from specviz.training.trainers import TrainConfig, fit, get_trainer, warm_start
@@ -106,8 +107,11 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     trainer = trainer_cls(target, options)
     warm = trainer.load_exported(args.init_from) if args.init_from is not None else None  # refused before the data
     request = trainer.features()
-    plan = _plan(args, topk=request.topk, layers=request.layers)
-    data = build_data(_inference_view(target), plan, args.cache_dir, log)
+    plan = replace(_plan(args, topk=request.topk, layers=request.layers), live_features=args.live_features)
+    if plan.live_features and not plan.layers:
+        raise SpecvizError(f"--live-features: {args.kind} reads no hidden states of the target (drop the option)")
+    view = _inference_view(target)
+    data = build_data(view, plan, args.cache_dir, log)
     train_set, heldout = data.train, data.heldout
     if args.train_positions:
         train_set = positions_subset(train_set, args.train_positions, args.seed)
@@ -128,7 +132,10 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     log(f"student {args.kind}: {params / 1e6:.1f}M parameters ({trainable / 1e6:.1f}M trained); "
         f"training {args.steps} steps")
     train_started = time.perf_counter()
-    result = fit(trainer, student, train_set, config, out, log=log)
+    if plan.live_features:
+        log(f"live features: each batch's target hidden states {list(plan.layers)} are computed as it is drawn")
+    result = fit(trainer, student, train_set, config, out, log=log,
+                 featurize=live_featurizer(view, plan) if plan.live_features else None)
     train_seconds = time.perf_counter() - train_started
     predict = lambda ids, hidden: trainer.predict_argmax(student, ids, hidden)  # noqa: E731
     metrics = {**evaluate_agreement(predict, heldout), **trainer.heldout_metrics(student, heldout)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -51,6 +52,9 @@ class DataPlan:
     sampled_answers: int = 0
     sample_temperature: float = 0.8
     prompt_file_repeat: int = 1
+    #: the training sequences' hidden states are computed as they are trained on (``live_featurizer``), not cached:
+    #: the whole data set then costs its answers' disk and memory only (held-out sets stay cached)
+    live_features: bool = False
 
     @property
     def cached_layers(self) -> tuple[int, ...]:
@@ -151,12 +155,20 @@ def _gflops(dtype: torch.dtype, device: str) -> float:
     return _BEST_GFLOPS[key]
 
 
-def hidden_states_over(target, answered: FeatureSet, plan: DataPlan) -> FeatureSet:
-    """``answered``'s sequences again through the target, keeping the hidden states of ``plan.cached_layers``."""
+def hidden_states_over(target, answered: FeatureSet, plan: DataPlan, *, layers: tuple[int, ...] | None = None,
+                       desc: str | None = "target features") -> FeatureSet:
+    """``answered``'s sequences again through the target, keeping the hidden states of ``layers`` (default
+    ``plan.cached_layers``) and relabelling every position with the target's own top-k."""
     seqs = [answered.input_ids[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
     masks = [answered.loss_mask[answered.sequence(i)].tolist() for i in range(answered.num_sequences)]
-    return extract_features(target.model, seqs, topk=plan.topk, layers=plan.cached_layers, loss_masks=masks,
-                            categories=answered.categories)
+    return extract_features(target.model, seqs, topk=plan.topk, layers=plan.cached_layers if layers is None else layers,
+                            loss_masks=masks, categories=answered.categories, desc=desc)
+
+
+def live_featurizer(target, plan: DataPlan) -> Callable[[FeatureSet], FeatureSet]:
+    """``--live-features``: what turns a drawn batch's sequences into training ones, by the same pass that caches
+    features (so the numbers are the cached path's); only the trainer's own layers are kept."""
+    return lambda chosen: hidden_states_over(target, chosen, plan, layers=plan.layers, desc=None)
 
 
 #: The shortest corpus window worth training on (tokens); ``--seq-len`` may not go below it.
@@ -231,9 +243,12 @@ def save_hidden(result: FeatureSet, cache: Path, name: str, parts: tuple, plan: 
     result.save(feature_path(cache, name, parts, plan.cached_layers), meta)
 
 
-def prompt_file_answers(target, plan: DataPlan, cache: Path, log=print) -> tuple[list[FeatureSet], FeatureSet | None]:
+def prompt_file_answers(target, plan: DataPlan, cache: Path, log=print, *,
+                        train_plan: DataPlan | None = None) -> tuple[list[FeatureSet], FeatureSet | None]:
     """(training parts, held-out answers) from the prompt files: one greedy answer per training prompt plus
-    ``sampled_answers`` sampled ones, the whole repeated ``prompt_file_repeat`` times (a mixture weight)."""
+    ``sampled_answers`` sampled ones, the whole repeated ``prompt_file_repeat`` times (a mixture weight). The
+    training parts are built by ``train_plan`` (default ``plan``), the held-out ones by ``plan``."""
+    train_plan = train_plan or plan
     if not plan.prompt_files:
         return [], None
     train: list[Prompt] = []
@@ -245,10 +260,10 @@ def prompt_file_answers(target, plan: DataPlan, cache: Path, log=print) -> tuple
     log(f"prompt files: {len(train)} training prompts, {len(held)} held out "
         f"(the first {plan.prompt_file_holdout} per category)")
     options = {"max_prompt_tokens": FILE_PROMPT_TOKENS}
-    parts = [answers(target, train, plan, cache, "file-answers", log, **options)] if train else []
+    parts = [answers(target, train, train_plan, cache, "file-answers", log, **options)] if train else []
     for sample in range(plan.sampled_answers):
-        parts.append(answers(target, train, plan, cache, "file-sampled", log, temperature=plan.sample_temperature,
-                             seed=plan.seed + 1000 * (sample + 1), **options))
+        parts.append(answers(target, train, train_plan, cache, "file-sampled", log,
+                             temperature=plan.sample_temperature, seed=plan.seed + 1000 * (sample + 1), **options))
     heldout = answers(target, held, plan, cache, "file-heldout", log, **options) if held else None
     return parts * max(1, plan.prompt_file_repeat), heldout
 
@@ -261,12 +276,14 @@ def build_data(target, plan: DataPlan, cache: Path, log=print) -> TrainingData:
     prompts = build_prompts(documents, base + plan.extra_prompts, seed=plan.seed)
     train_prompts, eval_prompts = split_prompts(prompts[:base], plan.eval_prompts, plan.seed)
     held = answers(target, eval_prompts, plan, cache, "heldout", log)
-    train_parts = [answers(target, train_prompts, plan, cache, "answers", log)]
+    # live features: the training parts are answers and labels only; the trainer's pass adds the hidden states
+    train_plan = replace(plan, layers=(), extra_layers=()) if plan.live_features else plan
+    train_parts = [answers(target, train_prompts, train_plan, cache, "answers", log)]
     if plan.extra_prompts:
-        train_parts.append(answers(target, prompts[base:], plan, cache, "answers", log))
-    file_parts, held_files = prompt_file_answers(target, plan, cache, log)
+        train_parts.append(answers(target, prompts[base:], train_plan, cache, "answers", log))
+    file_parts, held_files = prompt_file_answers(target, plan, cache, log, train_plan=train_plan)
     train_parts += file_parts
-    corpus = corpus_features(target, documents, plan, cache, log)
+    corpus = corpus_features(target, documents, train_plan, cache, log)
     if corpus is not None:
         train_parts.append(corpus)
     return TrainingData(FeatureSet.concat(train_parts), held, held_files)

@@ -46,7 +46,7 @@ def evaluate_agreement(predict_argmax, heldout: FeatureSet, *, ks: tuple[int, ..
         if not mask.any():
             continue
         ids = heldout.input_ids[span]
-        draft = predict_argmax(ids[None], {layer: h[span][None] for layer, h in heldout.hidden.items()})
+        draft = predict_argmax(ids[None], {layer: h[span][None].float() for layer, h in heldout.hidden.items()})
         target = heldout.topk_ids[span][:, 0]
         matches = (draft[mask] == target[mask]).tolist()
         agree += sum(matches)

@@ -91,7 +91,8 @@ class FeatureSet:
             wanted = [k for k in handle.keys()
                       if not k.startswith("hidden.") or layers is None or int(k.split(".", 1)[1]) in layers]
             tensors = {k: handle.get_tensor(k) for k in wanted}
-        hidden = {int(k.split(".", 1)[1]): v.float() for k, v in tensors.items() if k.startswith("hidden.")}
+        # hidden states stay float16 as stored (half the memory of a large training set); batches widen them
+        hidden = {int(k.split(".", 1)[1]): v for k, v in tensors.items() if k.startswith("hidden.")}
         return cls(tensors["input_ids"].long(), tensors["starts"].long(), tensors["loss_mask"].bool(),
                    tensors["topk_ids"].long(), tensors["topk_probs"].float(), hidden,
                    json.loads(header.get("categories", "[]")))
@@ -135,8 +136,9 @@ def cache_key(*parts: object) -> str:
 @torch.no_grad()
 def extract_features(model, sequences: list[list[int]], *, topk: int = 8, layers: tuple[int, ...] = (),
                      loss_masks: list[list[bool]] | None = None, categories: list[str] | None = None,
-                     batch_tokens: int = 4096, desc: str = "target features") -> FeatureSet:
-    """Run the frozen target over ``sequences`` (right-padded batches of similar length) and keep top-k + hidden."""
+                     batch_tokens: int = 4096, desc: str | None = "target features") -> FeatureSet:
+    """Run the frozen target over ``sequences`` (right-padded batches of similar length) and keep top-k + hidden.
+    ``desc`` labels the progress bar (None: no bar, for the small passes live features make at every step)."""
     if any(layer < 0 or layer > model.config.num_hidden_layers for layer in layers):
         raise SpecvizError(f"feature layers {layers} out of range 0..{model.config.num_hidden_layers} "
                            f"(hidden_states index: i = output of layer i-1)")
@@ -147,7 +149,7 @@ def extract_features(model, sequences: list[list[int]], *, topk: int = 8, layers
     per_seq_topk_p: list[torch.Tensor | None] = [None] * n
     per_seq_hidden: list[dict[int, torch.Tensor] | None] = [None] * n
     pos = 0
-    with tqdm(total=sum(len(s) for s in sequences), desc=desc, unit="tok", leave=False) as bar:
+    with tqdm(total=sum(len(s) for s in sequences), desc=desc, unit="tok", leave=False, disable=desc is None) as bar:
         while pos < n:
             longest = len(sequences[order[min(n - 1, pos)]])
             size = max(1, batch_tokens // max(1, longest))

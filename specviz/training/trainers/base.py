@@ -11,6 +11,7 @@ import math
 import random
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from specviz.errors import SpecvizError
-from specviz.training.batches import Batch, batch_stream
+from specviz.training.batches import Batch, batch_indices, collate
 from specviz.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from specviz.training.features import FeatureSet
 
@@ -141,8 +142,9 @@ def lr_at(step: int, config: TrainConfig) -> float:
 
 
 def fit(trainer: Trainer, student: torch.nn.Module, train: FeatureSet, config: TrainConfig, run_dir: Path,
-        *, log=print) -> dict:
-    """Train ``student`` for ``config.steps`` steps with checkpoints in ``run_dir/checkpoints``; return the log."""
+        *, log=print, featurize: Callable[[FeatureSet], FeatureSet] | None = None) -> dict:
+    """Train ``student`` for ``config.steps`` steps with checkpoints in ``run_dir/checkpoints``; return the log.
+    ``featurize`` gives each batch's sequences the target's hidden states as it is drawn (live features)."""
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     student.to(config.device).train()
@@ -160,14 +162,14 @@ def fit(trainer: Trainer, student: torch.nn.Module, train: FeatureSet, config: T
         history = state["extra"].get("history", [])
         log(f"resumed from {found} at step {start}")
     # the data order is a function of (seed, step) so a resumed run sees the same batches
-    stream = batch_stream(train, config.batch_size, config.seq_len, random.Random(config.seed))
+    stream = batch_indices(train, config.batch_size, random.Random(config.seed))
     for _ in range(start):
         next(stream)
     running: dict[str, float] = {}
     began = time.perf_counter()
     bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc=f"train {trainer.kind}")
     for step in bar:
-        batch = next(stream).to(config.device)
+        batch = collate(train, next(stream), config.seq_len, featurize).to(config.device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         with torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16,

@@ -120,8 +120,9 @@ class MedusaTrainer(Trainer):
         """(choices, accuracy[h][r], where it was measured): held-out passes if any ran, else training text."""
         measured = "held-out target answers"
         if self._hits is None:
-            if self._train is None or not self._train.num_sequences:
-                raise SpecvizError("no held-out pass and no training data to measure the heads' accuracy on")
+            if (self._train is None or not self._train.num_sequences
+                    or self.spec.feature_layer not in self._train.hidden):
+                raise SpecvizError("no held-out pass and no training features to measure the heads' accuracy on")
             measured = "training answers (no held-out pass ran)"
             hidden = self._train.hidden[self.spec.feature_layer]
             for i in range(max(0, self._train.num_sequences - FALLBACK_SEQUENCES), self._train.num_sequences):
