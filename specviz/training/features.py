@@ -30,7 +30,8 @@ class FeatureSet:
 
     ``input_ids`` [N] int64, ``starts`` [S+1] sequence boundaries, ``loss_mask`` [N] bool (position j is trained to
     predict token j+1), ``topk_ids`` [N, k] int64 (-1 where absent), ``topk_probs`` [N, k] float32,
-    ``hidden`` {layer: [N, H]} optional, ``categories`` one label per sequence.
+    ``hidden`` {layer: [N, H]} optional (float16 when read from a file, float32 when just extracted), ``categories``
+    one label per sequence.
     """
 
     input_ids: torch.Tensor
