@@ -593,3 +593,17 @@ def test_live_features_train_what_cached_features_train(tmp_path, capsys, kind):
     assert main(["draft-lm", *common, "--live-features", "--steps", "1", "--hidden", "16", "--layers", "1",
                  "--out", str(tmp_path / "lm"), "--cache-dir", str(tmp_path / "cache-live")]) == 2
     assert "--live-features: draft-lm reads no hidden states" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_card_without_corpus_text_says_so(tmp_path):
+    """``--corpus-tokens 0``: the card says the data options only supplied the prompts' passages, not "0 tokens of
+    corpus text annotated"."""
+    target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(story(4, 600))
+    assert main(["mtp", "--target", str(target_dir), "--data", str(corpus), "--steps", "1", "--batch-size", "2",
+                 "--seq-len", "48", "--prompts", "4", "--eval-prompts", "2", "--gen-tokens", "5", "--gen-batch", "4",
+                 "--corpus-tokens", "0", "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"),
+                 "--export", str(tmp_path / "card")]) == 0
+    card = (tmp_path / "card" / "README.md").read_text()
+    assert "No corpus text of its own (`--corpus-tokens 0`)" in card and "tokens of corpus text" not in card

@@ -297,6 +297,11 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
         architecture = _architecture(args, cfg, summary, size)
     else:
         about, architecture = _family_about(summary, cfg, size)
+    corpus = (f"- {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories "
+              f"with BOM,\n  CRLF and licence blocks stripped{stdlib}) annotated with the target's\n"
+              f"  top-{args.topk} probabilities." if args.corpus_tokens > 0
+              else f"- No corpus text of its own (`--corpus-tokens 0`): `{' '.join(args.data)}` only supplies the "
+                   f"generated prompts' passages{' and code' if stdlib else ''}.")
     loss_kind = "eagle" if head else summary["kind"]
     loss = _FAMILY_LOSS[loss_kind].format(topk=args.topk, ttt=_ttt_steps(summary) if head else 0)
     text = f"""# {name}
@@ -312,9 +317,7 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
   generated math word problems and
   general questions (science, history, writing, role-play, reasoning, coding).
 {_prompt_file_data(args)}
-- {args.corpus_tokens} tokens of corpus text (`{' '.join(args.data)}`: Gutenberg books and TinyStories with BOM,
-  CRLF and licence blocks stripped{stdlib}) annotated with the target's
-  top-{args.topk} probabilities.
+{corpus}
 - Loss: {loss}.
 
 ## Training
