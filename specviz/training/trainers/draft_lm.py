@@ -14,16 +14,24 @@ model distilled from scratch on a few thousand answers, and the big embedding co
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specviz.errors import SpecvizError
-from specviz.models.shared_embedding import mark_shared
+from specviz.models import load_model
+from specviz.models.shared_embedding import CONFIG_KEY, mark_shared
 from specviz.training.batches import Batch
 from specviz.training.losses import distill_loss
 from specviz.training.trainers.base import FeatureRequest, Trainer
+
+#: The config entries that make two drafts the same architecture (``--init-from`` compares them); the rest is
+#: bookkeeping that differs between a fresh student and a saved fp16 copy (dtype, name, transformers version).
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
+                     "rope_parameters", "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias")
 
 DEFAULTS = {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 4, "intermediate": 1024, "hard_weight": 0.5,
             "softmax_sample": 0}
@@ -143,6 +151,24 @@ class DraftLMTrainer(Trainer):
         student.tie_weights()
         mark_shared(student, source, self.target.name)
         return student
+
+    def describe_student(self, student: LlamaForCausalLM) -> dict:
+        config = student.config.to_dict()
+        shared = config.get(CONFIG_KEY) or {}
+        return {**{key: config.get(key) for key in ARCHITECTURE_KEYS},
+                "shared_from": shared.get("from"), "shared_tensors": shared.get("tensors")}
+
+    def load_exported(self, folder: Path) -> LlamaForCausalLM:
+        """A draft this trainer exported (fp16, its borrowed embedding taken back from the target), loaded and
+        checked by the model loader (config against weights, fingerprint of the shared tensors)."""
+        try:
+            model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            model_type = None
+        if model_type != "llama":
+            raise SpecvizError(f"--init-from {folder}: not a draft model (draft-lm exports a Llama folder; "
+                               f"its model type is {model_type!r})")
+        return load_model(str(folder), role="draft", device=self.target.device, dtype=torch.float32).model
 
     def loss(self, student: LlamaForCausalLM, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         hidden = student.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
