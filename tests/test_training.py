@@ -521,8 +521,12 @@ def test_init_from_continues_an_exported_drafter(tmp_path, capsys, kind):
         assert "its block_size is" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_init_from_continues_an_exported_draft_model(tmp_path, capsys):
-    """The draft model built from the target's layers continues from its exported fp16 folder (which borrows the
+@pytest.mark.parametrize("shape, other, depths", [
+    (["--init-layers", "0,2"], ["--init-layers", "0"], (2, 1)),  # built from the target's layers, as shipped
+    (["--hidden", "16", "--layers", "1"], ["--hidden", "16", "--layers", "2"], (1, 2)),  # a small Llama from scratch
+], ids=["target-layers", "scratch"])
+def test_init_from_continues_an_exported_draft_model(tmp_path, capsys, shape, other, depths):
+    """The draft model continues from its exported fp16 folder (which, built from the target's layers, borrows the
     embedding): a zero-step run saves exactly its weights; a draft of another depth, or another family's folder, is
     refused in one line before any data is built."""
     target_dir = save_tiny_model(tmp_path / "target", hidden=32, layers=3)
@@ -532,25 +536,27 @@ def test_init_from_continues_an_exported_draft_model(tmp_path, capsys):
               "--prompts", "4", "--eval-prompts", "2", "--gen-tokens", "5", "--gen-batch", "4", "--corpus-tokens",
               "100", "--save-every", "2", "--cache-dir", str(tmp_path / "cache"), "--seed", "1"]
     shipped = tmp_path / "shipped"
-    assert main([*common, "--init-layers", "0,2", "--out", str(tmp_path / "first"), "--steps", "3", "--lr", "0.05",
+    assert main([*common, *shape, "--out", str(tmp_path / "first"), "--steps", "3", "--lr", "0.05",
                  "--export", str(shipped)]) == 0
-    assert main([*common, "--init-layers", "0,2", "--out", str(tmp_path / "warm"), "--steps", "0",
-                 "--init-from", str(shipped)]) == 0
-    exported, warm = (load_file(str(folder / "model.safetensors")) for folder in (shipped, tmp_path / "warm" / "final"))
-    assert "model.embed_tokens.weight" not in exported and exported["model.norm.weight"].dtype == torch.float16
+    assert main([*common, *shape, "--out", str(tmp_path / "warm"), "--steps", "0", "--init-from", str(shipped)]) == 0
+    assert main([*common, *shape, "--out", str(tmp_path / "cold"), "--steps", "0"]) == 0
+    exported, warm, cold = (load_file(str(folder / "model.safetensors"))
+                            for folder in (shipped, tmp_path / "warm" / "final", tmp_path / "cold" / "final"))
+    assert exported["model.norm.weight"].dtype == torch.float16
+    assert ("model.embed_tokens.weight" in exported) == ("--hidden" in shape)  # borrowed, not shipped, if built
     for key in exported:
         torch.testing.assert_close(warm[key], exported[key].float(), rtol=0, atol=0)
-    assert not torch.equal(warm["model.layers.1.mlp.down_proj.weight"],
-                           load_file(str(target_dir / "model.safetensors"))["model.layers.2.mlp.down_proj.weight"])
+    assert any(not torch.equal(cold[key], warm[key]) for key in exported)
     assert json.loads((tmp_path / "warm" / "metrics.json").read_text())["init_from"] == str(shipped)
     capsys.readouterr()
-    assert main([*common, "--init-layers", "0", "--out", str(tmp_path / "shallow"), "--steps", "0",
+    assert main([*common, *other, "--out", str(tmp_path / "deeper"), "--steps", "0",
                  "--init-from", str(shipped)]) == 2
-    assert "its num_hidden_layers is 2, the student's 1" in capsys.readouterr().err.strip().splitlines()[-1]
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"its num_hidden_layers is {depths[0]}, the student's {depths[1]}" in message, message
     assert main(["mtp", *common[1:], "--out", str(tmp_path / "mtp"), "--steps", "1", "--export",
                  str(tmp_path / "mtp-export")]) == 0
     capsys.readouterr()
-    assert main([*common, "--init-layers", "0,2", "--out", str(tmp_path / "wrong"), "--steps", "0",
+    assert main([*common, *shape, "--out", str(tmp_path / "wrong"), "--steps", "0",
                  "--cache-dir", str(tmp_path / "fresh"), "--init-from", str(tmp_path / "mtp-export")]) == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert "mtp-export" in message and "not a draft model" in message, message
