@@ -114,6 +114,41 @@ def test_more_prompts_later_answer_and_extract_only_their_own_shards(tiny_target
     assert calls == {"answer": 3, "hidden": 3} and other.input_ids.tolist() == more.input_ids.tolist()
 
 
+def test_a_window_of_extra_prompts_trains_on_the_full_sets_own_shards(tiny_target, tmp_path, monkeypatch, capsys):
+    """``--extra-prompts-from N``: the training set is the extra prompts from N on, the very sequences the full set
+    holds for them (read from its cached shards, nothing answered again), with the same held-out answers; a start
+    off a shard boundary, or past the extra prompts, is a one-line error before anything loads."""
+    from dataclasses import replace
+
+    from specviz.training import data
+
+    monkeypatch.setattr(data, "SHARD_PROMPTS", 2)
+    for i in range(3):
+        (tmp_path / f"s{i}.txt").write_text(story(i, 600))
+    calls = {"answer": 0}
+    real_distill = data.self_distill
+
+    def counting(*args, **kwargs):
+        calls["answer"] += 1
+        return real_distill(*args, **kwargs)
+
+    monkeypatch.setattr(data, "self_distill", counting)
+    plan = data.DataPlan(sources=[str(tmp_path / "*.txt")], prompts=4, eval_prompts=2, extra_prompts=6,
+                         corpus_tokens=0, gen_tokens=4, gen_batch=4)
+    full = data.build_data(tiny_target, plan, tmp_path / "cache", log=lambda _: None)
+    answered = calls["answer"]
+    window = data.build_data(tiny_target, replace(plan, extra_from=2), tmp_path / "cache", log=lambda _: None)
+    assert calls["answer"] == answered
+    assert window.train.num_sequences == 4  # extra prompts 2..5; the base 4 and extra 0..1 left out
+    assert window.train.input_ids.tolist() == full.train.subset(list(range(6, 10))).input_ids.tolist()
+    assert window.heldout.input_ids.tolist() == full.heldout.input_ids.tolist()
+    for start in ("100", "1024"):
+        assert main(["eagle3", "--target", "no-such-model", "--data", "stdlib", "--extra-prompts", "1024",
+                     "--extra-prompts-from", start, "--out", str(tmp_path / "run")]) == 2
+        assert "--extra-prompts-from must be a multiple of 512 below --extra-prompts (1024)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_positions_subset_is_seeded_nested_and_big_enough():
     """A data-scaling curve's sizes: each subset holds at least the asked positions, the smaller one is part of the
     larger, the same seed picks the same sequences, and asking for more than there is keeps everything."""

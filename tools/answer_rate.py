@@ -8,7 +8,11 @@ decoder in float32 and in bfloat16 with torch's attention, and in bfloat16 with 
 ``specviz data`` runs; 128 slots). Each line gives answer and forward tokens per second and the
 fraction of the floor in its dtype (``specviz.training.floor``). Then the labels: on the bfloat16 answers, the share
 of answer positions whose bfloat16 top-1 differs from the float32 target's on the same context (a teacher-forced
-pass), and the mean total-variation distance of their top-k probabilities. Run it on a quiet machine.
+pass), and the mean total-variation distance of their top-k probabilities. Last, the float32 feature pass that
+relabels the answers (and gives the hidden-state families their features, ``specviz train --live-features`` at every
+step) over the same sequences, through the fast forward on the thin kernel and on torch's (the data stages' choice),
+against the float32 floor. ``--kernel-only`` runs only what ``specviz data`` and ``train`` run: the bfloat16 decoder
+with the kernel, then the feature passes. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ import time
 
 import torch
 
-from specviz.models import load_model
+from specviz.models import fast_forward, load_model
 from specviz.training.features import extract_features
 from specviz.training.floor import Rate, flops_per_token, matmul_gflops
 from specviz.training.generate import MAX_PROMPT_TOKENS, chat_ids, greedy_batch, stop_ids
 from specviz.training.prompts import build_prompts
 from specviz.training.slot_decoder import SlotDecoder
 from specviz.training.text_sources import iter_documents
+
+#: the hidden states the feature pass keeps: the shipped EAGLE-3 head's
+FEATURE_LAYERS = (2, 15, 27)
 
 
 def main() -> None:
@@ -35,6 +42,8 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=144)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-padded", action="store_true", help="leave out the padded batches (the slowest)")
+    parser.add_argument("--kernel-only", action="store_true",
+                        help="only the bfloat16 decoder with the decode-attention kernel, then the feature passes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(args.target)
@@ -55,7 +64,7 @@ def main() -> None:
         print(f"{name:<34} {seconds:6.0f} s  {rate.describe(dtype)}")
 
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    if not args.skip_padded:
+    if not (args.skip_padded or args.kernel_only):
         start = time.perf_counter()
         padded = {}
         fast = target.fast_model()
@@ -66,13 +75,28 @@ def main() -> None:
                 padded[i] = ids
         report("padded batches of 16, float32", torch.float32, list(padded.values()), time.perf_counter() - start)
     decoded = {}
-    for dtype, kernel in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
+    ways = ((torch.bfloat16, True),) if args.kernel_only else (
+        (torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True))
+    for dtype, kernel in ways:
         start = time.perf_counter()
         decoder = SlotDecoder(model, slots=128, dtype=dtype, attention_kernel=kernel)
         decoded[dtype, kernel] = decoder.answer(prompts, max_new_tokens=args.gen_tokens, eos=eos)
         report(f"slot decoder, 128 slots, {str(dtype).removeprefix('torch.')}", dtype,
                [a.ids for a in decoded[dtype, kernel]], time.perf_counter() - start)
         print(f"  attention: {decoder.describe_attention()}")
+    sequences = [p + a.ids for p, a in zip(prompts, decoded[torch.bfloat16, True])]
+    for name, thin in (("thin kernel", True), ("torch's kernel", False)):
+        fast = fast_forward.fast_copy(model, thin=thin)
+        extract_features(fast, sequences[:4], topk=8, layers=FEATURE_LAYERS, desc=None)  # warm up
+        start = time.perf_counter()
+        extract_features(fast, sequences, topk=8, layers=FEATURE_LAYERS, desc=None)
+        seconds = time.perf_counter() - start
+        rate = Rate(tokens=sum(map(len, sequences)), answer_tokens=0, seconds=seconds, gflops=rates[torch.float32],
+                    flops_per_token=per_token)
+        print(f"feature pass, float32, {name:<15} {seconds:6.0f} s  {rate.tokens / seconds:.0f} tokens/s = "
+              f"{rate.fraction:.0%} of the float32 floor ({rate.floor:.0f} tokens/s)")
+    if args.kernel_only:
+        return
     for kernel in (False, True):
         same = sum(a.ids == b.ids for a, b in zip(decoded[torch.float32, False], decoded[torch.bfloat16, kernel]))
         print(f"bfloat16 ({'decode-attention kernel' if kernel else 'torch attention'}): answers identical to "

@@ -71,6 +71,10 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=1200, help="self-distillation prompts the target answers")
     parser.add_argument("--extra-prompts", type=int, default=0,
                         help="more training-only prompts, appended so the held-out split stays the same")
+    parser.add_argument("--extra-prompts-from", dest="extra_from", type=int, default=0, metavar="N",
+                        help="train on the extra prompts from the N-th on only (a multiple of 512; the base prompts "
+                             "and the extra ones before N are left out, the held-out sets stay): the next window of "
+                             "the set, for continuing a drafter (--init-from) that trained on the ones before")
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
     parser.add_argument("--prompt-file", nargs="+", default=[], type=str,
                         help="Spec-Bench-style question.jsonl files whose first turns the target also answers")

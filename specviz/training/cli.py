@@ -21,7 +21,7 @@ import torch
 from specviz import outputs
 from specviz.errors import SpecvizError
 from specviz.training.arguments import DESCRIPTION, add_data_arguments, add_train_arguments, build_parser
-from specviz.training.data import MIN_WINDOW, DataPlan, build_data, live_featurizer, positions_subset
+from specviz.training.data import MIN_WINDOW, SHARD_PROMPTS, DataPlan, build_data, live_featurizer, positions_subset
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
 from specviz.training.trainers import TrainConfig, fit, get_trainer, warm_start
@@ -162,7 +162,7 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
 def _plan(args: argparse.Namespace, *, topk: int, layers: tuple[int, ...]) -> DataPlan:
     """The data to build with ``topk`` labels and the hidden states of ``layers`` (a trainer's), checked."""
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
-                    extra_prompts=args.extra_prompts,
+                    extra_prompts=args.extra_prompts, extra_from=args.extra_from,
                     gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
                     corpus_tokens=args.corpus_tokens,
                     seq_len=args.seq_len, topk=topk, layers=layers,
@@ -214,7 +214,10 @@ def _merge_resumed(summary: dict, path: Path, resume: bool, resumed: bool) -> No
 
 
 def _inference_view(target):
-    """The target for the data stages (answers, top-k, hidden states): the fast forward path where it runs.
+    """The target for the data stages (answers, top-k, hidden states): the fast forward path where it runs, with
+    torch's kernel for every linear product. A feature pass multiplies batches of thousands of tokens, where the
+    library's blocked kernels beat the thin kernel's single pass over each weight (which the engine declares for its
+    few-row steps and verifies; BENCHMARKS.md, "Training answers").
 
     Students borrow tensors from ``target.model`` itself, which stays transformers' own module for autograd.
     """
@@ -223,7 +226,7 @@ def _inference_view(target):
     from specviz.models import fast_forward
 
     if fast_forward.available(target.device, target.dtype):
-        return replace(target, model=target.fast_model())
+        return replace(target, model=fast_forward.fast_copy(target.model, thin=False))
     return target
 
 
@@ -245,8 +248,8 @@ def trainer_options(trainer_cls, pairs: list[str]) -> dict:
 
 #: The train options that must be whole numbers of at least this much (checked before any data stage).
 AT_LEAST = {"steps": 0, "train_positions": 0, "batch_size": 1, "seq_len": MIN_WINDOW, "warmup": 0, "save_every": 1,
-            "log_every": 1, "prompts": 0, "extra_prompts": 0, "eval_prompts": 0, "gen_tokens": 1, "gen_batch": 1,
-            "corpus_tokens": 0, "stdlib_files": 0, "topk": 1, "threads": 1, "hidden": 1, "layers": 1}
+            "log_every": 1, "prompts": 0, "extra_prompts": 0, "extra_from": 0, "eval_prompts": 0, "gen_tokens": 1,
+            "gen_batch": 1, "corpus_tokens": 0, "stdlib_files": 0, "topk": 1, "threads": 1, "hidden": 1, "layers": 1}
 
 
 def run_folder(path, *, resume: bool) -> Path:
@@ -271,6 +274,9 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise SpecvizError(f"--{name.replace('_', '-')} must be {low} or more, got {value}")
     if hasattr(args, "lr") and not (math.isfinite(args.lr) and args.lr > 0):
         raise SpecvizError(f"--lr must be a positive number, got {args.lr}")
+    if args.extra_from and (args.extra_from % SHARD_PROMPTS or not args.extra_from < args.extra_prompts):
+        raise SpecvizError(f"--extra-prompts-from must be a multiple of {SHARD_PROMPTS} below --extra-prompts "
+                           f"({args.extra_prompts}), got {args.extra_from}")
     if any(not str(path).strip() for path in args.data):
         raise SpecvizError("--data has an empty entry: give files, folders, globs or 'stdlib'")
 

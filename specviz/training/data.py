@@ -36,6 +36,10 @@ class DataPlan:
     prompts: int = 1200
     eval_prompts: int = 64
     extra_prompts: int = 0
+    #: train on the extra prompts from this one on only (the base prompts and earlier extra ones left out): the next
+    #: window of the set for a drafter that continues (``--init-from``) one trained on those before it; a multiple of
+    #: ``SHARD_PROMPTS``, so its shards are the full set's own cached ones
+    extra_from: int = 0
     gen_tokens: int = 144
     gen_batch: int = 128
     gen_dtype: str = "bfloat16"
@@ -278,9 +282,9 @@ def build_data(target, plan: DataPlan, cache: Path, log=print) -> TrainingData:
     held = answers(target, eval_prompts, plan, cache, "heldout", log)
     # live features: the training parts are answers and labels only; the trainer's pass adds the hidden states
     train_plan = replace(plan, layers=(), extra_layers=()) if plan.live_features else plan
-    train_parts = [answers(target, train_prompts, train_plan, cache, "answers", log)]
+    train_parts = [] if plan.extra_from else [answers(target, train_prompts, train_plan, cache, "answers", log)]
     if plan.extra_prompts:
-        train_parts.append(answers(target, prompts[base:], train_plan, cache, "answers", log))
+        train_parts.append(answers(target, prompts[base + plan.extra_from:], train_plan, cache, "answers", log))
     file_parts, held_files = prompt_file_answers(target, plan, cache, log, train_plan=train_plan)
     train_parts += file_parts
     corpus = corpus_features(target, documents, train_plan, cache, log)

@@ -283,7 +283,10 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
     taus = ", ".join(f"k={k}: {v:.2f}" for k, v in held["simulated_chain_tau"].items())
     per_cat = "\n".join(f"| {c} | {a:.3f} |" for c, a in held["per_category_agreement"].items())
     size = sum(f.stat().st_size for f in dest.glob("*.safetensors")) / 2**20
-    trained_prompts = args.prompts + args.extra_prompts
+    window = getattr(args, "extra_from", 0)
+    trained_prompts = (f"{args.extra_prompts - window} (the set's extra prompts {window}..{args.extra_prompts}, "
+                       f"`--extra-prompts-from`: the window after those the starting weights trained on)" if window
+                       else args.prompts + args.extra_prompts)
     precision = "; bf16 autocast, fp32 weights" if getattr(args, "autocast", None) else ""
     head = summary["kind"] in EAGLE_KINDS
     stdlib = f", and {args.stdlib_files} Python stdlib files" if "stdlib" in args.data else ""
