@@ -149,6 +149,26 @@ def test_a_window_of_extra_prompts_trains_on_the_full_sets_own_shards(tiny_targe
     assert not (tmp_path / "run").exists()
 
 
+def test_the_data_stages_run_the_kernel_their_probe_times_faster(tiny_target):
+    """The data stages' forward is the fast path on whichever kernel a timed probe pass found faster (logged with
+    both times where the thin kernel builds), and it computes the target's own hidden states."""
+    from specviz.training.cli import _inference_view
+
+    messages = []
+    view = _inference_view(tiny_target, messages.append)
+    if tiny_target.fast_model().kernel_choice["wide"] == "thin":
+        assert len(messages) == 1 and "s on torch's kernel" in messages[0] and "s on the thin kernel" in messages[0]
+        chosen = messages[0].split("data stages on ")[1].split(":")[0]
+        expected_thin = chosen == "the thin kernel"
+        assert (view.model is tiny_target.fast_model()) == expected_thin
+    else:
+        assert messages == []
+    sequences = [[(3 + 5 * i) % tiny_target.vocab_size for i in range(24)] for _ in range(2)]
+    ours = extract_features(view.model, sequences, layers=(1,), desc=None)
+    reference = extract_features(tiny_target.model, sequences, layers=(1,), desc=None)
+    assert torch.allclose(ours.hidden[1].float(), reference.hidden[1].float(), atol=1e-4)
+
+
 def test_a_positions_subset_is_seeded_nested_and_big_enough():
     """A data-scaling curve's sizes: each subset holds at least the asked positions, the smaller one is part of the
     larger, the same seed picks the same sequences, and asking for more than there is keeps everything."""

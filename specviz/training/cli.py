@@ -24,6 +24,7 @@ from specviz.training.arguments import DESCRIPTION, add_data_arguments, add_trai
 from specviz.training.data import MIN_WINDOW, SHARD_PROMPTS, DataPlan, build_data, live_featurizer, positions_subset
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
+from specviz.training.features import extract_features
 from specviz.training.trainers import TrainConfig, fit, get_trainer, warm_start
 
 
@@ -55,7 +56,7 @@ def run_data(args: argparse.Namespace) -> int:
     log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)  # noqa: E731
     target = load_model(args.target, device=args.device)
     plan = _plan(args, topk=args.topk, layers=tuple(args.feature_layers))
-    data = build_data(_inference_view(target), plan, args.cache_dir, log)
+    data = build_data(_inference_view(target, log), plan, args.cache_dir, log)
     log(f"data in {args.cache_dir}: {data.train.num_sequences} training sequences "
         f"({int(data.train.loss_mask.sum())} trained positions), {data.heldout.num_sequences} held-out answers")
     return 0
@@ -110,7 +111,7 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     plan = replace(_plan(args, topk=request.topk, layers=request.layers), live_features=args.live_features)
     if plan.live_features and not plan.layers:
         raise SpecvizError(f"--live-features: {args.kind} reads no hidden states of the target (drop the option)")
-    view = _inference_view(target)
+    view = _inference_view(target, log)
     data = build_data(view, plan, args.cache_dir, log)
     train_set, heldout = data.train, data.heldout
     if args.train_positions:
@@ -213,21 +214,45 @@ def _merge_resumed(summary: dict, path: Path, resume: bool, resumed: bool) -> No
     path.write_text(json.dumps(summary, indent=2))
 
 
-def _inference_view(target):
-    """The target for the data stages (answers, top-k, hidden states): the fast forward path where it runs, with
-    torch's kernel for every linear product. A feature pass multiplies batches of thousands of tokens, where the
-    library's blocked kernels beat the thin kernel's single pass over each weight (which the engine declares for its
-    few-row steps and verifies; BENCHMARKS.md, "Training answers").
+def _inference_view(target, log=print):
+    """The target for the data stages (answers, top-k, hidden states): the fast forward path where it runs, on
+    whichever kernel runs a feature pass faster on this machine. The engine declares the thin kernel for its few-row
+    steps and verifies; a feature pass multiplies batches of thousands of tokens, where the library's blocked kernels
+    can win or lose by machine (BENCHMARKS.md, "Training answers"). Both are float32 products, so the labels and
+    features differ by rounding only; the choice is timed once per run on a fixed probe batch and logged.
 
     Students borrow tensors from ``target.model`` itself, which stays transformers' own module for autograd.
     """
-    from dataclasses import replace
-
     from specviz.models import fast_forward
 
-    if fast_forward.available(target.device, target.dtype):
-        return replace(target, model=fast_forward.fast_copy(target.model, thin=False))
-    return target
+    if not fast_forward.available(target.device, target.dtype):
+        return target
+    kernels = {"torch's kernel": fast_forward.fast_copy(target.model, thin=False)}
+    if target.fast_model().kernel_choice["wide"] == "thin":
+        kernels["the thin kernel"] = target.fast_model()
+    if len(kernels) > 1:
+        probe = [[(7 + 31 * row + 13 * i) % target.vocab_size for i in range(PROBE_TOKENS)] for row in range(4)]
+        seconds = {name: _probe_seconds(model, probe) for name, model in kernels.items()}
+        name = min(seconds, key=seconds.get)
+        log(f"data stages on {name}: a feature pass of {4 * PROBE_TOKENS} tokens took "
+            + ", ".join(f"{seconds[k]:.2f} s on {k}" for k in seconds))
+        return replace(target, model=kernels[name])
+    return replace(target, model=next(iter(kernels.values())))
+
+
+#: tokens per row of the probe batch that times the data stages' kernels
+PROBE_TOKENS = 256
+
+
+def _probe_seconds(model, probe: list[list[int]]) -> float:
+    """The better of two timed feature passes over ``probe`` after one untimed (warm-up) pass."""
+    extract_features(model, probe, layers=(1,), desc=None)
+    best = math.inf
+    for _ in range(2):
+        started = time.perf_counter()
+        extract_features(model, probe, layers=(1,), desc=None)
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 def trainer_options(trainer_cls, pairs: list[str]) -> dict:
