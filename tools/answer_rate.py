@@ -10,9 +10,10 @@ fraction of the floor in its dtype (``specviz.training.floor``). Then the labels
 of answer positions whose bfloat16 top-1 differs from the float32 target's on the same context (a teacher-forced
 pass), and the mean total-variation distance of their top-k probabilities. Last, the float32 feature pass that
 relabels the answers (and gives the hidden-state families their features, ``specviz train --live-features`` at every
-step) over the same sequences, through the fast forward on the thin kernel and on torch's (the data stages' choice),
-against the float32 floor. ``--kernel-only`` runs only what ``specviz data`` and ``train`` run: the bfloat16 decoder
-with the kernel, then the feature passes. Run it on a quiet machine.
+step) over the same sequences, through the fast forward on the engine's declared kernel (thin where it builds) and on
+torch's (the data stages run the faster of the two), against the float32 floor. ``--kernel-only`` runs only what
+``specviz data`` and ``train`` run: the bfloat16 decoder with the kernel, then the feature passes. Run it on a quiet
+machine.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def main() -> None:
                [a.ids for a in decoded[dtype, kernel]], time.perf_counter() - start)
         print(f"  attention: {decoder.describe_attention()}")
     sequences = [p + a.ids for p, a in zip(prompts, decoded[torch.bfloat16, True])]
-    for name, thin in (("thin kernel", True), ("torch's kernel", False)):
+    for name, thin in (("engine's kernel", None), ("torch's kernel", False)):  # the engine's: thin where it builds
         fast = fast_forward.fast_copy(model, thin=thin)
         extract_features(fast, sequences[:4], topk=8, layers=FEATURE_LAYERS, desc=None)  # warm up
         start = time.perf_counter()
