@@ -227,17 +227,16 @@ def _inference_view(target, log=print):
 
     if not fast_forward.available(target.device, target.dtype):
         return target
-    kernels = {"torch's kernel": fast_forward.fast_copy(target.model, thin=False)}
-    if target.fast_model().kernel_choice["wide"] == "thin":
-        kernels["the thin kernel"] = target.fast_model()
-    if len(kernels) > 1:
-        probe = [[(7 + 31 * row + 13 * i) % target.vocab_size for i in range(PROBE_TOKENS)] for row in range(4)]
-        seconds = {name: _probe_seconds(model, probe) for name, model in kernels.items()}
-        name = min(seconds, key=seconds.get)
-        log(f"data stages on {name}: a feature pass of {4 * PROBE_TOKENS} tokens took "
-            + ", ".join(f"{seconds[k]:.2f} s on {k}" for k in seconds))
-        return replace(target, model=kernels[name])
-    return replace(target, model=next(iter(kernels.values())))
+    torch_kernel = fast_forward.fast_copy(target.model, thin=False)
+    if target.fast_model().kernel_choice["wide"] != "thin":  # the thin kernel did not build here: nothing to time
+        return replace(target, model=torch_kernel)
+    kernels = {"torch's kernel": torch_kernel, "the thin kernel": target.fast_model()}
+    probe = [[(7 + 31 * row + 13 * i) % target.vocab_size for i in range(PROBE_TOKENS)] for row in range(4)]
+    seconds = {name: _probe_seconds(model, probe) for name, model in kernels.items()}
+    name = min(seconds, key=seconds.get)
+    log(f"data stages on {name}: a feature pass of {4 * PROBE_TOKENS} tokens took "
+        + ", ".join(f"{seconds[k]:.2f} s on {k}" for k in seconds))
+    return replace(target, model=kernels[name])
 
 
 #: tokens per row of the probe batch that times the data stages' kernels
