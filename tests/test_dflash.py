@@ -104,10 +104,8 @@ def copy_model(model: DFlashBackbone, net: torch.nn.Module) -> DFlashBackbone:
 
 @pytest.fixture(scope="module")
 def setup():
-    targets = {forward: tiny.target("llama", VOCAB, forward=forward, layers=LAYERS, scale=25)
-               for forward in ("hf", "fast")}
-    baselines = {forward: plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids
-                 for forward, target in targets.items()}
+    targets = tiny.both_forwards("llama", VOCAB, layers=LAYERS, scale=25)
+    baselines = tiny.plain_outputs(targets, PROMPT, NEW_TOKENS)
     net = targets["hf"].model
     models = {"dflash": fit(new_model(net, "dflash", mask_token_id=MASK, seed=1), net),
               "dspark": fit(new_model(net, "dspark", mask_token_id=MASK, seed=1, markov_rank=16), net)}
@@ -794,16 +792,13 @@ def test_bin_checkpoints_load_only_as_plain_tensors(tmp_path, setup):
     (binary / "config.json").write_text((folder / "config.json").read_text())
     torch.save(read_tensors(folder), binary / "pytorch_model.bin")
     assert load_drafter(binary, targets["hf"].model).spec == models["dflash"].spec
-    torch.save({"fc.weight": _Unsafe()}, binary / "pytorch_model.bin")
+    torch.save({"fc.weight": tiny.Unpicklable()}, binary / "pytorch_model.bin")
     with pytest.raises(SpecvizError, match="weights_only=True") as error:
         load_drafter(binary, targets["hf"].model)
     assert "\n" not in str(error.value)
     # the reason (the blocked global), not torch's advice to re-run with weights_only=False
-    assert "GLOBAL" in str(error.value) and "_Unsafe" in str(error.value) and "Re-running" not in str(error.value)
+    assert "GLOBAL" in str(error.value) and "Unpicklable" in str(error.value) and "Re-running" not in str(error.value)
 
-
-class _Unsafe:
-    """An object torch.load(weights_only=True) must refuse to unpickle."""
 
 
 def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):

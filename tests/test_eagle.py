@@ -32,7 +32,7 @@ from specviz.drafters.eagle import (
 )
 from specviz.engine import accept as accept_module
 from specviz.engine.drafter import DraftBudget
-from specviz.engine.loop import Generation, GenerationConfig, generate, plain_decode
+from specviz.engine.loop import Generation, GenerationConfig, generate
 from specviz.engine.sampling import SamplingConfig
 from specviz.engine.target import Target
 from specviz.errors import SpecvizError
@@ -87,10 +87,8 @@ def copy_head(head: EagleHead, model: torch.nn.Module) -> EagleHead:
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def setup(request):
     arch = request.param
-    targets = {forward: tiny.target(arch, VOCAB, forward=forward, layers=LAYERS, scale=25)
-               for forward in ("hf", "fast")}
-    baselines = {forward: plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids
-                 for forward, target in targets.items()}
+    targets = tiny.both_forwards(arch, VOCAB, layers=LAYERS, scale=25)
+    baselines = tiny.plain_outputs(targets, PROMPT, NEW_TOKENS)
     model = targets["hf"].model
     counts = torch.arange(VOCAB, 0, -1).float()  # a reduced draft vocabulary: the first 56 ids, as frequent tokens
     heads = {"eagle": fit(new_head(model, "eagle", seed=1), model),
@@ -482,14 +480,11 @@ def test_bin_checkpoints_load_only_as_plain_tensors(tmp_path, setup):
     loaded = load_head(binary, model)
     for name, value in loaded.state_dict().items():
         torch.testing.assert_close(value, load_head(folder, model).state_dict()[name])
-    torch.save({**tensors, "fc.weight": _Unsafe()}, binary / "pytorch_model.bin")
+    torch.save({**tensors, "fc.weight": tiny.Unpicklable()}, binary / "pytorch_model.bin")
     with pytest.raises(SpecvizError, match="weights_only=True") as error:
         load_head(binary, model)
     assert "\n" not in str(error.value)
 
-
-class _Unsafe:
-    """An object torch.load(weights_only=True) must refuse to unpickle."""
 
 
 def test_bad_checkpoints_fail_in_one_line(tmp_path, setup):

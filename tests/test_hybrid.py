@@ -55,8 +55,7 @@ def hybrid(head, target, curve: CostCurve = CURVE) -> HybridDrafter:
 
 @pytest.fixture(scope="module")
 def setup():
-    targets = {forward: tiny.target("llama", VOCAB, forward=forward, layers=LAYERS, scale=25)
-               for forward in ("hf", "fast")}
+    targets = tiny.both_forwards("llama", VOCAB, layers=LAYERS, scale=25)
     head = fit(new_head(targets["hf"].model, "eagle3", seed=1), targets["hf"].model)
     return targets, head
 

@@ -75,10 +75,8 @@ def fit_heads(heads: MedusaHeads, net: torch.nn.Module, steps: int = 150) -> Med
 
 @pytest.fixture(scope="module")
 def setup():
-    targets = {forward: tiny.target("llama", VOCAB, forward=forward, layers=LAYERS, scale=25)
-               for forward in ("hf", "fast")}
-    baselines = {forward: plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids
-                 for forward, target in targets.items()}
+    targets = tiny.both_forwards("llama", VOCAB, layers=LAYERS, scale=25)
+    baselines = tiny.plain_outputs(targets, PROMPT, NEW_TOKENS)
     model = targets["hf"].model
     return targets, baselines, fit_heads(new_heads(model, HEADS, 1, seed=1), model)
 
@@ -293,14 +291,11 @@ def test_fasterdecoding_pt_and_legacy_heads(tmp_path, setup):
     save_file({**{f"medusa_head.{k}": v for k, v in tensors.items()}, "model.norm.weight": torch.ones(32)},
               str(full / "model.safetensors"))
     assert drafted(load_heads(full, model)[0], target) == drafted(heads, target)
-    torch.save({**tensors, "0.0.linear.weight": _Unsafe()}, legacy / "medusa_lm_head.pt")
+    torch.save({**tensors, "0.0.linear.weight": tiny.Unpicklable()}, legacy / "medusa_lm_head.pt")
     with pytest.raises(SpecvizError, match="weights_only=True") as error:
         load_heads(legacy, model)
     assert "\n" not in str(error.value)
 
-
-class _Unsafe:
-    """An object torch.load(weights_only=True) must refuse to unpickle."""
 
 
 def test_vllm_truncated_vocabulary(tmp_path, setup):

@@ -77,10 +77,8 @@ def copy_stack(stack: MtpStack, model: torch.nn.Module) -> MtpStack:
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def setup(request):
     arch = request.param
-    targets = {forward: tiny.target(arch, VOCAB, forward=forward, layers=LAYERS, scale=25)
-               for forward in ("hf", "fast")}
-    baselines = {forward: plain_decode(target, PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids
-                 for forward, target in targets.items()}
+    targets = tiny.both_forwards(arch, VOCAB, layers=LAYERS, scale=25)
+    baselines = tiny.plain_outputs(targets, PROMPT, NEW_TOKENS)
     model = targets["hf"].model
     stacks = {n: fit_stack(new_stack(model, n, seed=1), model) for n in (1, 3)}
     return targets, baselines, stacks
@@ -541,14 +539,11 @@ def test_bin_checkpoints_load_only_as_plain_tensors(tmp_path, setup):
     torch.save(tensors, binary / "pytorch_model.bin")
     for name, value in load_stack(binary, model).state_dict().items():
         torch.testing.assert_close(value, load_stack(folder, model).state_dict()[name])
-    torch.save({**tensors, "x": _Unsafe()}, binary / "pytorch_model.bin")
+    torch.save({**tensors, "x": tiny.Unpicklable()}, binary / "pytorch_model.bin")
     with pytest.raises(SpecvizError, match="weights_only=True") as error:
         load_stack(binary, model)
     assert "\n" not in str(error.value)
 
-
-class _Unsafe:
-    """An object torch.load(weights_only=True) must refuse to unpickle."""
 
 
 def test_registry_and_spec(tmp_path, setup):

@@ -20,6 +20,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from specviz.engine.loop import GenerationConfig, plain_decode
 from specviz.engine.target import Target
 from specviz.models import cascade_attention, fast_forward
 from specviz.models.device import choose_dtype
@@ -95,6 +96,23 @@ def target(arch: str = "llama", vocab_size: int = 64, forward: str = "hf", **kwa
         net = fast_forward.fast_copy(net)
     return Target(model=net, tokenizer=tokenizer(vocab_size), name=f"tiny-{arch}", forward=forward)
 
+
+def both_forwards(arch: str = "llama", vocab_size: int = 64, **kwargs) -> dict[str, Target]:
+    """The same tiny model behind transformers' forward and the fast path, keyed ``hf`` / ``fast``: each drafter's
+    lossless tests run on both."""
+    return {forward: target(arch, vocab_size, forward=forward, **kwargs) for forward in ("hf", "fast")}
+
+
+def plain_outputs(targets: dict[str, Target], prompt: list[int], new_tokens: int) -> dict[str, list[int]]:
+    """Plain greedy decoding of ``prompt`` on each of ``targets``: what every lossless configuration must reproduce."""
+    return {forward: plain_decode(t, prompt, GenerationConfig(max_new_tokens=new_tokens)).token_ids
+            for forward, t in targets.items()}
+
+
+
+class Unpicklable:
+    """An object ``torch.load(weights_only=True)`` must refuse to unpickle: put in a ``.bin``/``.pt`` checkpoint, it
+    proves a loader reads legacy files only that way."""
 
 def truncated(net: torch.nn.Module, layers: int) -> torch.nn.Module:
     """A shallower copy of ``net`` (its first ``layers`` blocks): a draft that agrees with the target only sometimes."""
