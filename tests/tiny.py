@@ -109,10 +109,10 @@ def plain_outputs(targets: dict[str, Target], prompt: list[int], new_tokens: int
             for forward, t in targets.items()}
 
 
-
 class Unpicklable:
     """An object ``torch.load(weights_only=True)`` must refuse to unpickle: put in a ``.bin``/``.pt`` checkpoint, it
     proves a loader reads legacy files only that way."""
+
 
 def truncated(net: torch.nn.Module, layers: int) -> torch.nn.Module:
     """A shallower copy of ``net`` (its first ``layers`` blocks): a draft that agrees with the target only sometimes."""
