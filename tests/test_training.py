@@ -149,6 +149,55 @@ def test_a_window_of_extra_prompts_trains_on_the_full_sets_own_shards(tiny_targe
     assert not (tmp_path / "run").exists()
 
 
+def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch, capsys):
+    """--self-prompts: user turns sampled after the target's own chat template opens a user turn (seeded, cached,
+    filtered; a larger count extends the list), answered and trained on like any prompt, and with them a window may
+    leave every generated prompt out; a tokenizer without a chat template is a one-line error."""
+    from dataclasses import replace
+
+    from specviz.training import data, self_prompts
+
+    monkeypatch.setattr(self_prompts, "SHARD_PROMPTS", 8)
+    tokenizer = tiny_target.tokenizer
+    opening = self_prompts.user_turn_opening(tokenizer)
+    asked = chat_ids(tokenizer, "tell a story")
+    assert len(opening) < len(asked) and asked[:len(opening)] == opening  # up to the user's text
+    sampled = {"calls": 0}
+    real_continue = self_prompts.continue_ids
+
+    def counting(*args, **kwargs):
+        sampled["calls"] += 1
+        return real_continue(*args, **kwargs)
+
+    monkeypatch.setattr(self_prompts, "continue_ids", counting)
+    options = {"cache": tmp_path / "cache", "seed": 0, "batch_size": 4, "decode_dtype": None, "log": lambda _: None}
+    few = self_prompts.self_written_prompts(tiny_target, 8, **options)
+    more = self_prompts.self_written_prompts(tiny_target, 24, **options)
+    assert sampled["calls"] == 1 + 2  # the first shard came from the cache the second time
+    assert more[:len(few)] == few and len(more) > len(few)
+    texts = [p.text for p in more]
+    assert len(set(texts)) == len(texts) and {p.category for p in more} == {self_prompts.CATEGORY}
+    assert all(len(text.split()) >= self_prompts.MIN_WORDS and "<|im_end|>" not in text for text in texts)
+    assert self_prompts.self_written_prompts(tiny_target, 24, **options) == more and sampled["calls"] == 3
+
+    (tmp_path / "s.txt").write_text(story(0, 600))
+    plan = data.DataPlan(sources=[str(tmp_path / "s.txt")], prompts=4, eval_prompts=2, extra_prompts=2, extra_from=2,
+                         self_prompts=24, corpus_tokens=0, gen_tokens=4, gen_batch=4)
+    built = data.build_data(tiny_target, plan, tmp_path / "cache", log=lambda _: None)
+    assert built.train.num_sequences == len(more) and set(built.train.categories) == {self_prompts.CATEGORY}
+    first = chat_ids(tokenizer, more[0].text)
+    assert built.train.input_ids[built.train.sequence(0)].tolist()[:len(first)] == first
+    assert data.build_data(tiny_target, replace(plan, self_prompts=0, extra_from=0),
+                           tmp_path / "cache", log=lambda _: None).train.num_sequences == 4 + 2
+
+    assert main(["eagle3", "--target", "no-such-model", "--data", "stdlib", "--extra-prompts", "1024",
+                 "--extra-prompts-from", "1024", "--self-prompts", "512", "--out", str(tmp_path / "run")]) == 2
+    assert "--extra-prompts-from" not in capsys.readouterr().err  # allowed with self-written prompts: fails later
+    tokenizer.chat_template = None
+    with pytest.raises(SpecvizError, match="cannot write its own prompts"):
+        self_prompts.user_turn_opening(tokenizer)
+
+
 def test_the_data_stages_run_the_kernel_their_probe_times_faster(tiny_target):
     """The data stages' forward is the fast path on whichever kernel a timed probe pass found faster (logged with
     both times where the thin kernel builds), and it computes the target's own hidden states."""

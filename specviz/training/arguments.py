@@ -74,7 +74,12 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-prompts-from", dest="extra_from", type=int, default=0, metavar="N",
                         help="train on the extra prompts from the N-th on only (a multiple of 512; the base prompts "
                              "and the extra ones before N are left out, the held-out sets stay): the next window of "
-                             "the set, for continuing a drafter (--init-from) that trained on the ones before")
+                             "the set, for continuing a drafter (--init-from) that trained on the ones before; with "
+                             "--self-prompts, N may equal --extra-prompts (then no generated prompt is trained on)")
+    parser.add_argument("--self-prompts", type=int, default=0, metavar="N",
+                        help="sample N user turns from the target itself (its chat template opened at a user turn, "
+                             "temperature 1; the ones that end on their own and are distinct are kept) and train on "
+                             "its answers to them too: requests of the kinds its own fine-tuning taught it")
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
     parser.add_argument("--prompt-file", nargs="+", default=[], type=str,
                         help="Spec-Bench-style question.jsonl files whose first turns the target also answers")

@@ -163,7 +163,7 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
 def _plan(args: argparse.Namespace, *, topk: int, layers: tuple[int, ...]) -> DataPlan:
     """The data to build with ``topk`` labels and the hidden states of ``layers`` (a trainer's), checked."""
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
-                    extra_prompts=args.extra_prompts, extra_from=args.extra_from,
+                    extra_prompts=args.extra_prompts, extra_from=args.extra_from, self_prompts=args.self_prompts,
                     gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
                     corpus_tokens=args.corpus_tokens,
                     seq_len=args.seq_len, topk=topk, layers=layers,
@@ -272,8 +272,9 @@ def trainer_options(trainer_cls, pairs: list[str]) -> dict:
 
 #: The train options that must be whole numbers of at least this much (checked before any data stage).
 AT_LEAST = {"steps": 0, "train_positions": 0, "batch_size": 1, "seq_len": MIN_WINDOW, "warmup": 0, "save_every": 1,
-            "log_every": 1, "prompts": 0, "extra_prompts": 0, "extra_from": 0, "eval_prompts": 0, "gen_tokens": 1,
-            "gen_batch": 1, "corpus_tokens": 0, "stdlib_files": 0, "topk": 1, "threads": 1, "hidden": 1, "layers": 1}
+            "log_every": 1, "prompts": 0, "extra_prompts": 0, "extra_from": 0, "self_prompts": 0, "eval_prompts": 0,
+            "gen_tokens": 1, "gen_batch": 1, "corpus_tokens": 0, "stdlib_files": 0, "topk": 1, "threads": 1,
+            "hidden": 1, "layers": 1}
 
 
 def run_folder(path, *, resume: bool) -> Path:
@@ -298,8 +299,10 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise SpecvizError(f"--{name.replace('_', '-')} must be {low} or more, got {value}")
     if hasattr(args, "lr") and not (math.isfinite(args.lr) and args.lr > 0):
         raise SpecvizError(f"--lr must be a positive number, got {args.lr}")
-    if args.extra_from and (args.extra_from % SHARD_PROMPTS or not args.extra_from < args.extra_prompts):
-        raise SpecvizError(f"--extra-prompts-from must be a multiple of {SHARD_PROMPTS} below --extra-prompts "
+    last = args.extra_prompts if args.self_prompts else args.extra_prompts - 1
+    if args.extra_from and (args.extra_from % SHARD_PROMPTS or args.extra_from > last):
+        below = "up to" if last == args.extra_prompts else "below"
+        raise SpecvizError(f"--extra-prompts-from must be a multiple of {SHARD_PROMPTS} {below} --extra-prompts "
                            f"({args.extra_prompts}), got {args.extra_from}")
     if any(not str(path).strip() for path in args.data):
         raise SpecvizError("--data has an empty entry: give files, folders, globs or 'stdlib'")

@@ -18,6 +18,7 @@ from specviz.training.features import FeatureSet, cache_key, extract_features
 from specviz.training.floor import Rate, flops_per_token, matmul_gflops
 from specviz.training.generate import MAX_PROMPT_TOKENS, self_distill
 from specviz.training.prompts import Prompt, build_prompts, file_prompts
+from specviz.training.self_prompts import self_written_prompts
 from specviz.training.text_sources import Document, iter_documents
 
 #: prompts per cached shard: enough to keep the decoder's slots full between shards, few enough to resume often
@@ -40,6 +41,8 @@ class DataPlan:
     #: window of the set for a drafter that continues (``--init-from``) one trained on those before it; a multiple of
     #: ``SHARD_PROMPTS``, so its shards are the full set's own cached ones
     extra_from: int = 0
+    #: training-only prompts the target writes itself (``self_prompts``: user turns it samples), answered like the rest
+    self_prompts: int = 0
     gen_tokens: int = 144
     gen_batch: int = 128
     gen_dtype: str = "bfloat16"
@@ -283,8 +286,12 @@ def build_data(target, plan: DataPlan, cache: Path, log=print) -> TrainingData:
     # live features: the training parts are answers and labels only; the trainer's pass adds the hidden states
     train_plan = replace(plan, layers=(), extra_layers=()) if plan.live_features else plan
     train_parts = [] if plan.extra_from else [answers(target, train_prompts, train_plan, cache, "answers", log)]
-    if plan.extra_prompts:
+    if plan.extra_prompts > plan.extra_from:
         train_parts.append(answers(target, prompts[base + plan.extra_from:], train_plan, cache, "answers", log))
+    if plan.self_prompts:
+        written = self_written_prompts(target, plan.self_prompts, cache=cache, seed=plan.seed,
+                                       batch_size=plan.gen_batch, decode_dtype=DTYPES[plan.gen_dtype], log=log)
+        train_parts.append(answers(target, written, train_plan, cache, "self-answers", log))
     file_parts, held_files = prompt_file_answers(target, plan, cache, log, train_plan=train_plan)
     train_parts += file_parts
     corpus = corpus_features(target, documents, train_plan, cache, log)

@@ -20,6 +20,7 @@ from specviz import outputs
 from specviz.errors import SpecvizError, exit_status
 from specviz.models.shared_embedding import strip_shared
 from specviz.training.arguments import build_parser
+from specviz.training.self_prompts import MIN_WORDS
 
 
 def export_model(source: Path, dest: Path, *, dtype: torch.dtype = torch.float16) -> int:
@@ -268,6 +269,32 @@ def _replay_caveat(summary: dict) -> str:
             "family it is an upper bound")
 
 
+def _generated_prompt_data(args: argparse.Namespace, sources: str) -> str:
+    """The card's line on the generated prompts the run answered (all of them, or its ``--extra-prompts-from``
+    window of the set)."""
+    window = getattr(args, "extra_from", 0)
+    answers = (f"- Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat "
+               f"template)")
+    if window and window >= args.extra_prompts:
+        return (f"{answers}, to no generated prompt (`--extra-prompts-from {window}`: the starting weights trained on "
+                f"the set's first {window} extra prompts).")
+    trained = (f"{args.extra_prompts - window} (the set's extra prompts {window}..{args.extra_prompts}, "
+               f"`--extra-prompts-from`: the window after those the starting weights trained on)" if window
+               else args.prompts + args.extra_prompts)
+    return (f"{answers} to\n  {trained} generated prompts: templates over {sources},\n  generated math word problems "
+            f"and\n  general questions (science, history, writing, role-play, reasoning, coding).")
+
+
+def _self_prompt_data(args: argparse.Namespace) -> str:
+    """The card's line on the prompts the target wrote itself (``--self-prompts``), or nothing."""
+    count = getattr(args, "self_prompts", 0)
+    if not count:
+        return ""
+    return (f"\n- The target's own greedy answers to the user turns it wrote itself among {count} it sampled "
+            f"(`--self-prompts`: its chat template opened at a user turn, temperature 1; those that ended on their "
+            f"own, {MIN_WORDS} words or more, distinct).")
+
+
 def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict] | None = None) -> None:
     """README.md: architecture, data, steps, loss, held-out agreement, engine τ, and the retraining command."""
     args = _run_arguments(summary["command"])
@@ -283,10 +310,6 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
     taus = ", ".join(f"k={k}: {v:.2f}" for k, v in held["simulated_chain_tau"].items())
     per_cat = "\n".join(f"| {c} | {a:.3f} |" for c, a in held["per_category_agreement"].items())
     size = sum(f.stat().st_size for f in dest.glob("*.safetensors")) / 2**20
-    window = getattr(args, "extra_from", 0)
-    trained_prompts = (f"{args.extra_prompts - window} (the set's extra prompts {window}..{args.extra_prompts}, "
-                       f"`--extra-prompts-from`: the window after those the starting weights trained on)" if window
-                       else args.prompts + args.extra_prompts)
     precision = "; bf16 autocast, fp32 weights" if getattr(args, "autocast", None) else ""
     head = summary["kind"] in EAGLE_KINDS
     stdlib = f", and {args.stdlib_files} Python stdlib files" if "stdlib" in args.data else ""
@@ -315,10 +338,7 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
 {architecture}
 
 ## Data (built by the training command)
-- Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat template) to
-  {trained_prompts} generated prompts: templates over {sources},
-  generated math word problems and
-  general questions (science, history, writing, role-play, reasoning, coding).
+{_generated_prompt_data(args, sources)}{_self_prompt_data(args)}
 {_prompt_file_data(args)}
 {corpus}
 - Loss: {loss}.

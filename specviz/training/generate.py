@@ -103,20 +103,8 @@ def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] 
     With ``layers`` (hidden_states indices), a teacher-forced pass of ``model`` in its own dtype relabels the answers
     and keeps those hidden states: one pass gives the feature trainers exact labels and their inputs."""
     encoded = [chat_ids(tokenizer, text)[-max_prompt_tokens:] for text in prompts]
-    eos = stop_ids(tokenizer, model)
-    own_dtype = next(model.parameters()).dtype
-    decode_dtype = decode_dtype or own_dtype
-    if slot_decoder.unsupported(model) is None:
-        decoder = slot_decoder.SlotDecoder(model, slots=batch_size, dtype=decode_dtype)
-        results = [(a.ids, torch.stack(a.top_ids), torch.stack(a.top_probs))
-                   for a in decoder.answer(encoded, max_new_tokens=max_new_tokens, eos=eos, topk=topk,
-                                           temperature=temperature, seed=seed)]
-    elif decode_dtype != own_dtype:
-        raise SpecvizError(f"decoding in {decode_dtype} needs the slot decoder, which cannot run this model: "
-                           f"{slot_decoder.unsupported(model)}")
-    else:
-        results = _padded_batches(model, tokenizer, encoded, eos, max_new_tokens=max_new_tokens,
-                                  batch_size=batch_size, topk=topk, temperature=temperature, seed=seed)
+    results = continue_ids(model, tokenizer, encoded, max_new_tokens=max_new_tokens, batch_size=batch_size, topk=topk,
+                           temperature=temperature, seed=seed, decode_dtype=decode_dtype)
     ids, masks, t_ids, t_probs, starts = [], [], [], [], [0]
     for prompt, (answer, top_i, top_p) in zip(encoded, results):
         seq = prompt + answer
@@ -134,6 +122,27 @@ def self_distill(model, tokenizer, prompts: list[str], *, categories: list[str] 
     answered = FeatureSet(torch.cat(ids), torch.tensor(starts), torch.cat(masks), torch.cat(t_ids), torch.cat(t_probs),
                           categories=categories or ["chat"] * len(prompts))
     return relabel(model, answered, topk, layers) if layers else answered
+
+
+def continue_ids(model, tokenizer, encoded: list[list[int]], *, max_new_tokens: int, batch_size: int, topk: int,
+                 temperature: float = 0.0, seed: int = 0,
+                 decode_dtype: torch.dtype | None = None) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Each token sequence of ``encoded`` continued until a stop token or ``max_new_tokens``: (new ids, top-k ids,
+    top-k probs) per sequence, by the slot decoder where it runs the model (sampling prompt ``i`` from its own generator
+    seeded ``seed + i``), else by padded batches (the model's own dtype; one generator seeded ``seed``)."""
+    eos = stop_ids(tokenizer, model)
+    own_dtype = next(model.parameters()).dtype
+    decode_dtype = decode_dtype or own_dtype
+    if slot_decoder.unsupported(model) is None:
+        decoder = slot_decoder.SlotDecoder(model, slots=batch_size, dtype=decode_dtype)
+        return [(a.ids, torch.stack(a.top_ids), torch.stack(a.top_probs))
+                for a in decoder.answer(encoded, max_new_tokens=max_new_tokens, eos=eos, topk=topk,
+                                        temperature=temperature, seed=seed)]
+    if decode_dtype != own_dtype:
+        raise SpecvizError(f"decoding in {decode_dtype} needs the slot decoder, which cannot run this model: "
+                           f"{slot_decoder.unsupported(model)}")
+    return _padded_batches(model, tokenizer, encoded, eos, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                           topk=topk, temperature=temperature, seed=seed)
 
 
 def relabel(model, answered: FeatureSet, topk: int, layers: tuple[int, ...] = ()) -> FeatureSet:
