@@ -37,6 +37,19 @@ def tiny_target(tmp_path):
     return load_model(str(save_tiny_model(tmp_path / "target", hidden=32, layers=2)))
 
 
+def count_calls(monkeypatch, module, name: str) -> dict[str, int]:
+    """``module.name`` wrapped so that ``result["n"]`` counts its calls (which stages ran, which came from a cache)."""
+    calls = {"n": 0}
+    real = getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
 def story(seed: int, words: int = 400) -> str:
     rng = random.Random(seed)
     sentences = []
@@ -125,20 +138,13 @@ def test_a_window_of_extra_prompts_trains_on_the_full_sets_own_shards(tiny_targe
     monkeypatch.setattr(data, "SHARD_PROMPTS", 2)
     for i in range(3):
         (tmp_path / f"s{i}.txt").write_text(story(i, 600))
-    calls = {"answer": 0}
-    real_distill = data.self_distill
-
-    def counting(*args, **kwargs):
-        calls["answer"] += 1
-        return real_distill(*args, **kwargs)
-
-    monkeypatch.setattr(data, "self_distill", counting)
+    calls = count_calls(monkeypatch, data, "self_distill")
     plan = data.DataPlan(sources=[str(tmp_path / "*.txt")], prompts=4, eval_prompts=2, extra_prompts=6,
                          corpus_tokens=0, gen_tokens=4, gen_batch=4)
     full = data.build_data(tiny_target, plan, tmp_path / "cache", log=lambda _: None)
-    answered = calls["answer"]
+    answered = calls["n"]
     window = data.build_data(tiny_target, replace(plan, extra_from=2), tmp_path / "cache", log=lambda _: None)
-    assert calls["answer"] == answered
+    assert calls["n"] == answered
     assert window.train.num_sequences == 4  # extra prompts 2..5; the base 4 and extra 0..1 left out
     assert window.train.input_ids.tolist() == full.train.subset(list(range(6, 10))).input_ids.tolist()
     assert window.heldout.input_ids.tolist() == full.heldout.input_ids.tolist()
@@ -162,23 +168,16 @@ def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch
     opening = self_prompts.user_turn_opening(tokenizer)
     asked = chat_ids(tokenizer, "tell a story")
     assert len(opening) < len(asked) and asked[:len(opening)] == opening  # up to the user's text
-    sampled = {"calls": 0}
-    real_continue = self_prompts.continue_ids
-
-    def counting(*args, **kwargs):
-        sampled["calls"] += 1
-        return real_continue(*args, **kwargs)
-
-    monkeypatch.setattr(self_prompts, "continue_ids", counting)
+    sampled = count_calls(monkeypatch, self_prompts, "continue_ids")
     options = {"cache": tmp_path / "cache", "seed": 0, "batch_size": 4, "decode_dtype": None, "log": lambda _: None}
     few = self_prompts.self_written_prompts(tiny_target, 8, **options)
     more = self_prompts.self_written_prompts(tiny_target, 24, **options)
-    assert sampled["calls"] == 1 + 2  # the first shard came from the cache the second time
+    assert sampled["n"] == 1 + 2  # the first shard came from the cache the second time
     assert more[:len(few)] == few and len(more) > len(few)
     texts = [p.text for p in more]
     assert len(set(texts)) == len(texts) and {p.category for p in more} == {self_prompts.CATEGORY}
     assert all(len(text.split()) >= self_prompts.MIN_WORDS and "<|im_end|>" not in text for text in texts)
-    assert self_prompts.self_written_prompts(tiny_target, 24, **options) == more and sampled["calls"] == 3
+    assert self_prompts.self_written_prompts(tiny_target, 24, **options) == more and sampled["n"] == 3
 
     (tmp_path / "s.txt").write_text(story(0, 600))
     plan = data.DataPlan(sources=[str(tmp_path / "s.txt")], prompts=4, eval_prompts=2, extra_prompts=2, extra_from=2,
