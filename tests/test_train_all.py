@@ -21,6 +21,7 @@ def test_the_dry_run_builds_the_data_once_and_exports_every_family(tmp_path):
     # one answer shard and one feature file for it, built by the data stage and read by every family
     assert len([n for n in names if n.startswith("answers-") and "hidden" not in n]) == 1
     assert len([n for n in names if n.startswith("answers-hidden-")]) == 1
+    assert len([n for n in names if n.startswith("self-prompts-")]) == 1  # the user turns it wrote, sampled once
 
 
 def test_the_gpu_plan_is_what_the_cli_accepts_on_cuda(tmp_path):
@@ -31,6 +32,7 @@ def test_the_gpu_plan_is_what_the_cli_accepts_on_cuda(tmp_path):
         args = build_parser().parse_args(argv[1:])
         assert (args.kind, args.device, args.autocast) == (family, "cuda", "bf16")
         assert args.prompts == train_all.GPU.prompts and args.cache_dir == tmp_path / "cache"
+        assert args.self_prompts == train_all.GPU.self_prompts
 
 
 def test_a_spent_budget_skips_the_remaining_stages(tmp_path):

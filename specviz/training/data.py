@@ -291,7 +291,8 @@ def build_data(target, plan: DataPlan, cache: Path, log=print) -> TrainingData:
     if plan.self_prompts:
         written = self_written_prompts(target, plan.self_prompts, cache=cache, seed=plan.seed,
                                        batch_size=plan.gen_batch, decode_dtype=DTYPES[plan.gen_dtype], log=log)
-        train_parts.append(answers(target, written, train_plan, cache, "self-answers", log))
+        if written:  # none usable (a target that never ends a user turn): the log said so
+            train_parts.append(answers(target, written, train_plan, cache, "self-answers", log))
     file_parts, held_files = prompt_file_answers(target, plan, cache, log, train_plan=train_plan)
     train_parts += file_parts
     corpus = corpus_features(target, documents, train_plan, cache, log)

@@ -72,7 +72,7 @@ def self_written_prompts(target, count: int, *, cache: Path, seed: int, batch_si
             results = continue_ids(model, tokenizer, [opening] * draws, max_new_tokens=MAX_TOKENS,
                                    batch_size=batch_size, topk=1, temperature=TEMPERATURE, seed=seed + start,
                                    decode_dtype=decode_dtype)
-            texts = [tokenizer.decode(ids, skip_special_tokens=True).strip() if ids and ids[-1] in eos else None
+            texts = [tokenizer.decode(ids[:-1], skip_special_tokens=True).strip() if ids and ids[-1] in eos else None
                      for ids, _, _ in results]
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".partial")

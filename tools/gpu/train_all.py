@@ -1,8 +1,9 @@
 """``python tools/gpu/train_all.py --out DIR`` (from the repository root): on one CUDA GPU, build the shared training
 data and train every learned family for the embedded default target, in under ten minutes of GPU time.
 
-One data build (``specviz data``: the target's answers from the slot decoder in bfloat16, relabelled in the target's
-own dtype by the feature pass that caches every family's hidden states) feeds every family's ``specviz train``,
+One data build (``specviz data``: the target's answers, to generated prompts and to user turns it writes itself, from
+the slot decoder in bfloat16, relabelled in the target's own dtype by the feature pass that caches every family's
+hidden states) feeds every family's ``specviz train``,
 each exported with its model card under ``DIR/export/<family>`` to compare against the shipped ones (``specviz
 bench --drafters eagle3:DIR/export/eagle3,...``) before anything replaces them. Each stage runs in this process,
 is timed, and is skipped (and says so) once the budget is spent; ``DIR/train-all.json`` records what ran.
@@ -36,6 +37,9 @@ class Sizes:
     """How much of everything: the data, and each family's training steps."""
 
     prompts: int
+    #: user turns the target writes itself (``--self-prompts``): they moved the EAGLE-3 head's agreement on held-out
+    #: real requests further than as many generated prompts did (BENCHMARKS.md)
+    self_prompts: int
     eval_prompts: int
     gen_tokens: int
     gen_batch: int
@@ -45,10 +49,10 @@ class Sizes:
     seq_len: int
 
 
-GPU = Sizes(prompts=16_000, eval_prompts=64, gen_tokens=144, gen_batch=512, corpus_tokens=200_000, steps=3000,
-            batch_size=32, seq_len=256)
-DRY = Sizes(prompts=6, eval_prompts=2, gen_tokens=6, gen_batch=4, corpus_tokens=200, steps=2, batch_size=2,
-            seq_len=48)
+GPU = Sizes(prompts=16_000, self_prompts=8_000, eval_prompts=64, gen_tokens=144, gen_batch=512, corpus_tokens=200_000,
+            steps=3000, batch_size=32, seq_len=256)
+DRY = Sizes(prompts=6, self_prompts=8, eval_prompts=2, gen_tokens=6, gen_batch=4, corpus_tokens=200, steps=2,
+            batch_size=2, seq_len=48)
 #: family -> its own train options (the shipped cards' choices)
 FAMILIES = {
     "eagle3": [],
@@ -69,7 +73,8 @@ def data_options(target: str, sizes: Sizes, *, device: str, cache: Path, sources
                  prompt_file: str | None) -> list[str]:
     """The options ``data`` and every ``train`` share (so each ``train`` reads what ``data`` cached)."""
     options = ["--target", target, "--data", *sources, "--device", device, "--cache-dir", str(cache),
-               "--prompts", str(sizes.prompts), "--eval-prompts", str(sizes.eval_prompts),
+               "--prompts", str(sizes.prompts), "--self-prompts", str(sizes.self_prompts),
+               "--eval-prompts", str(sizes.eval_prompts),
                "--gen-tokens", str(sizes.gen_tokens), "--gen-batch", str(sizes.gen_batch),
                "--corpus-tokens", str(sizes.corpus_tokens), "--seq-len", str(sizes.seq_len)]
     if prompt_file:
