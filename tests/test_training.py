@@ -163,13 +163,14 @@ def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch
 
     from specviz.training import data, self_prompts
 
-    monkeypatch.setattr(self_prompts, "SHARD_PROMPTS", 8)
+    monkeypatch.setattr(data, "SHARD_PROMPTS", 8)
     tokenizer = tiny_target.tokenizer
     opening = self_prompts.user_turn_opening(tokenizer)
     asked = chat_ids(tokenizer, "tell a story")
     assert len(opening) < len(asked) and asked[:len(opening)] == opening  # up to the user's text
     sampled = count_calls(monkeypatch, self_prompts, "continue_ids")
-    options = {"cache": tmp_path / "cache", "seed": 0, "batch_size": 4, "decode_dtype": None, "log": lambda _: None}
+    options = {"cache": tmp_path / "cache", "seed": 0, "shard": 8, "batch_size": 4, "decode_dtype": None,
+               "log": lambda _: None}
     few = self_prompts.self_written_prompts(tiny_target, 8, **options)
     more = self_prompts.self_written_prompts(tiny_target, 24, **options)
     assert sampled["n"] == 1 + 2  # the first shard came from the cache the second time

@@ -289,7 +289,7 @@ def build_data(target, plan: DataPlan, cache: Path, log=print) -> TrainingData:
     if plan.extra_prompts > plan.extra_from:
         train_parts.append(answers(target, prompts[base + plan.extra_from:], train_plan, cache, "answers", log))
     if plan.self_prompts:
-        written = self_written_prompts(target, plan.self_prompts, cache=cache, seed=plan.seed,
+        written = self_written_prompts(target, plan.self_prompts, cache=cache, seed=plan.seed, shard=SHARD_PROMPTS,
                                        batch_size=plan.gen_batch, decode_dtype=DTYPES[plan.gen_dtype], log=log)
         if written:  # none usable (a target that never ends a user turn): the log said so
             train_parts.append(answers(target, written, train_plan, cache, "self-answers", log))

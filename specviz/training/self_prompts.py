@@ -4,7 +4,7 @@ An instruction-tuned target learned what users ask from its own fine-tuning conv
 expects a user to write (the Magpie recipe, Xu et al. 2024) gives requests of that distribution: many more kinds of
 request than templates over a few books, closer to real chat benchmarks, and with no benchmark text. The drafter
 then learns the target's answers to them, as it does for every other prompt. The samples are seeded (each draws
-from its own generator), cached in shards of ``SHARD_PROMPTS`` draws, and filtered the same way every time, so a
+from its own generator), cached in shards of the data set's shard size, and filtered the same way every time, so a
 larger count extends the list without changing its start.
 """
 
@@ -18,8 +18,6 @@ from specviz.training.features import cache_key
 from specviz.training.generate import continue_ids, stop_ids
 from specviz.training.prompts import Prompt
 
-#: how many user turns one cached shard samples (the usable ones are fewer: see ``usable``)
-SHARD_PROMPTS = 512
 #: the category these prompts report under in per-category agreement
 CATEGORY = "self-written"
 #: sampling temperature of the user turns (Magpie samples at the model's own distribution)
@@ -52,16 +50,17 @@ def usable(text: str | None) -> bool:
     return text is not None and len(text.split()) >= MIN_WORDS
 
 
-def self_written_prompts(target, count: int, *, cache: Path, seed: int, batch_size: int, decode_dtype,
+def self_written_prompts(target, count: int, *, cache: Path, seed: int, shard: int, batch_size: int, decode_dtype,
                          log=print) -> list[Prompt]:
-    """The usable, distinct user turns among ``count`` sampled by ``target`` (in ``SHARD_PROMPTS`` cached shards)."""
+    """The usable, distinct user turns among ``count`` sampled by ``target``, in cached shards of ``shard`` draws
+    (the usable ones are fewer: see ``usable``)."""
     tokenizer, model = target.tokenizer, target.model
     opening = user_turn_opening(tokenizer)
     eos = stop_ids(tokenizer, model)
     seen: set[str] = set()
     out: list[Prompt] = []
-    for start in range(0, count, SHARD_PROMPTS):
-        draws = min(SHARD_PROMPTS, count - start)
+    for start in range(0, count, shard):
+        draws = min(shard, count - start)
         key = cache_key("self-prompts", target.source, opening, draws, seed + start, TEMPERATURE, MAX_TOKENS,
                         str(decode_dtype))
         path = cache / "features" / f"self-prompts-{key}.json"
