@@ -157,8 +157,9 @@ def test_a_window_of_extra_prompts_trains_on_the_full_sets_own_shards(tiny_targe
 
 def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch, capsys):
     """--self-prompts: user turns sampled after the target's own chat template opens a user turn (seeded, cached,
-    filtered; a larger count extends the list), answered and trained on like any prompt, and with them a window may
-    leave every generated prompt out; a tokenizer without a chat template is a one-line error."""
+    filtered; a larger count extends the list, and a window of it leaves out what earlier draws wrote), answered and
+    trained on like any prompt, and with them a window may leave every generated prompt out; a tokenizer without a
+    chat template is a one-line error."""
     from dataclasses import replace
 
     from specviz.training import data, self_prompts
@@ -179,6 +180,8 @@ def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch
     assert len(set(texts)) == len(texts) and {p.category for p in more} == {self_prompts.CATEGORY}
     assert all(len(text.split()) >= self_prompts.MIN_WORDS and "<|im_end|>" not in text for text in texts)
     assert self_prompts.self_written_prompts(tiny_target, 24, **options) == more and sampled["n"] == 3
+    later = self_prompts.self_written_prompts(tiny_target, 24, start=8, **options)  # the window after the first shard
+    assert later == more[len(few):] and sampled["n"] == 3
 
     (tmp_path / "s.txt").write_text(story(0, 600))
     plan = data.DataPlan(sources=[str(tmp_path / "s.txt")], prompts=4, eval_prompts=2, extra_prompts=2, extra_from=2,
@@ -193,6 +196,9 @@ def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch
     assert main(["eagle3", "--target", "no-such-model", "--data", "stdlib", "--extra-prompts", "1024",
                  "--extra-prompts-from", "1024", "--self-prompts", "512", "--out", str(tmp_path / "run")]) == 2
     assert "--extra-prompts-from" not in capsys.readouterr().err  # allowed with self-written prompts: fails later
+    assert main(["eagle3", "--target", "no-such-model", "--data", "stdlib", "--self-prompts", "512",
+                 "--self-prompts-from", "512", "--out", str(tmp_path / "run")]) == 2
+    assert "--self-prompts-from must be a multiple of 512 below --self-prompts (512)" in capsys.readouterr().err
     tokenizer.chat_template = None
     with pytest.raises(SpecvizError, match="cannot write its own prompts"):
         self_prompts.user_turn_opening(tokenizer)

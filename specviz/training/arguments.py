@@ -80,6 +80,10 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample N user turns from the target itself (its chat template opened at a user turn, "
                              "temperature 1; the ones that end on their own and are distinct are kept) and train on "
                              "its answers to them too: requests of the kinds its own fine-tuning taught it")
+    parser.add_argument("--self-prompts-from", dest="self_from", type=int, default=0, metavar="N",
+                        help="train on the user turns sampled from the N-th draw on only (a multiple of 512 below "
+                             "--self-prompts; those before are still sampled, from the cache, so none repeats): the "
+                             "next window, for continuing a drafter (--init-from) that trained on the ones before")
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for agreement metrics")
     parser.add_argument("--prompt-file", nargs="+", default=[], type=str,
                         help="Spec-Bench-style question.jsonl files whose first turns the target also answers")

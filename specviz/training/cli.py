@@ -164,6 +164,7 @@ def _plan(args: argparse.Namespace, *, topk: int, layers: tuple[int, ...]) -> Da
     """The data to build with ``topk`` labels and the hidden states of ``layers`` (a trainer's), checked."""
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
                     extra_prompts=args.extra_prompts, extra_from=args.extra_from, self_prompts=args.self_prompts,
+                    self_from=args.self_from,
                     gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
                     corpus_tokens=args.corpus_tokens,
                     seq_len=args.seq_len, topk=topk, layers=layers,
@@ -272,9 +273,9 @@ def trainer_options(trainer_cls, pairs: list[str]) -> dict:
 
 #: The train options that must be whole numbers of at least this much (checked before any data stage).
 AT_LEAST = {"steps": 0, "train_positions": 0, "batch_size": 1, "seq_len": MIN_WINDOW, "warmup": 0, "save_every": 1,
-            "log_every": 1, "prompts": 0, "extra_prompts": 0, "extra_from": 0, "self_prompts": 0, "eval_prompts": 0,
-            "gen_tokens": 1, "gen_batch": 1, "corpus_tokens": 0, "stdlib_files": 0, "topk": 1, "threads": 1,
-            "hidden": 1, "layers": 1}
+            "log_every": 1, "prompts": 0, "extra_prompts": 0, "extra_from": 0, "self_prompts": 0, "self_from": 0,
+            "eval_prompts": 0, "gen_tokens": 1, "gen_batch": 1, "corpus_tokens": 0, "stdlib_files": 0, "topk": 1,
+            "threads": 1, "hidden": 1, "layers": 1}
 
 
 def run_folder(path, *, resume: bool) -> Path:
@@ -304,6 +305,9 @@ def check_numbers(args: argparse.Namespace) -> None:
         below = "up to" if last == args.extra_prompts else "below"
         raise SpecvizError(f"--extra-prompts-from must be a multiple of {SHARD_PROMPTS} {below} --extra-prompts "
                            f"({args.extra_prompts}), got {args.extra_from}")
+    if args.self_from and (args.self_from % SHARD_PROMPTS or args.self_from >= args.self_prompts):
+        raise SpecvizError(f"--self-prompts-from must be a multiple of {SHARD_PROMPTS} below --self-prompts "
+                           f"({args.self_prompts}), got {args.self_from}")
     if any(not str(path).strip() for path in args.data):
         raise SpecvizError("--data has an empty entry: give files, folders, globs or 'stdlib'")
 

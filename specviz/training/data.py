@@ -43,6 +43,8 @@ class DataPlan:
     extra_from: int = 0
     #: training-only prompts the target writes itself (``self_prompts``: user turns it samples), answered like the rest
     self_prompts: int = 0
+    #: train on the self-written prompts from this draw on only (``extra_from``'s rule, for ``self_prompts``)
+    self_from: int = 0
     gen_tokens: int = 144
     gen_batch: int = 128
     gen_dtype: str = "bfloat16"
@@ -290,7 +292,8 @@ def build_data(target, plan: DataPlan, cache: Path, log=print) -> TrainingData:
         train_parts.append(answers(target, prompts[base + plan.extra_from:], train_plan, cache, "answers", log))
     if plan.self_prompts:
         written = self_written_prompts(target, plan.self_prompts, cache=cache, seed=plan.seed, shard=SHARD_PROMPTS,
-                                       batch_size=plan.gen_batch, decode_dtype=DTYPES[plan.gen_dtype], log=log)
+                                       start=plan.self_from, batch_size=plan.gen_batch,
+                                       decode_dtype=DTYPES[plan.gen_dtype], log=log)
         if written:  # none usable (a target that never ends a user turn): the log said so
             train_parts.append(answers(target, written, train_plan, cache, "self-answers", log))
     file_parts, held_files = prompt_file_answers(target, plan, cache, log, train_plan=train_plan)

@@ -51,25 +51,26 @@ def usable(text: str | None) -> bool:
 
 
 def self_written_prompts(target, count: int, *, cache: Path, seed: int, shard: int, batch_size: int, decode_dtype,
-                         log=print) -> list[Prompt]:
+                         start: int = 0, log=print) -> list[Prompt]:
     """The usable, distinct user turns among ``count`` sampled by ``target``, in cached shards of ``shard`` draws
-    (the usable ones are fewer: see ``usable``)."""
+    (the usable ones are fewer: see ``usable``); with ``start``, only those drawn from there on that no earlier
+    draw wrote (the window after the ones a continued drafter trained on)."""
     tokenizer, model = target.tokenizer, target.model
     opening = user_turn_opening(tokenizer)
     eos = stop_ids(tokenizer, model)
     seen: set[str] = set()
     out: list[Prompt] = []
-    for start in range(0, count, shard):
-        draws = min(shard, count - start)
-        key = cache_key("self-prompts", target.source, opening, draws, seed + start, TEMPERATURE, MAX_TOKENS,
+    for first in range(0, count, shard):
+        draws = min(shard, count - first)
+        key = cache_key("self-prompts", target.source, opening, draws, seed + first, TEMPERATURE, MAX_TOKENS,
                         str(decode_dtype))
         path = cache / "features" / f"self-prompts-{key}.json"
         if path.is_file():
             texts = json.loads(path.read_text())
         else:
-            log(f"self-written prompts: sampling user turns {start}..{start + draws} of {count}")
+            log(f"self-written prompts: sampling user turns {first}..{first + draws} of {count}")
             results = continue_ids(model, tokenizer, [opening] * draws, max_new_tokens=MAX_TOKENS,
-                                   batch_size=batch_size, topk=1, temperature=TEMPERATURE, seed=seed + start,
+                                   batch_size=batch_size, topk=1, temperature=TEMPERATURE, seed=seed + first,
                                    decode_dtype=decode_dtype)
             texts = [tokenizer.decode(ids[:-1], skip_special_tokens=True).strip() if ids and ids[-1] in eos else None
                      for ids, _, _ in results]
@@ -80,6 +81,8 @@ def self_written_prompts(target, count: int, *, cache: Path, seed: int, shard: i
         for text in texts:
             if usable(text) and text not in seen:
                 seen.add(text)
-                out.append(Prompt(CATEGORY, text))
-    log(f"self-written prompts: {len(out)} usable of {count} sampled")
+                if first >= start:
+                    out.append(Prompt(CATEGORY, text))
+    window = f" (draws {start}..{count})" if start else ""
+    log(f"self-written prompts: {len(out)} usable of {count - start} sampled{window}")
     return out
