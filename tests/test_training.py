@@ -155,6 +155,32 @@ def test_a_window_of_extra_prompts_trains_on_the_full_sets_own_shards(tiny_targe
     assert not (tmp_path / "run").exists()
 
 
+def test_a_build_that_only_caches_lets_each_shards_hidden_states_go(tiny_target, tmp_path, monkeypatch):
+    """``keep_hidden=False`` (``specviz data``): every shard, the corpus and the held-out answers are cached with their
+    hidden states, and the build returns none of them (it held one shard's at a time); a training build then reads
+    those states, answering and extracting nothing again."""
+    from dataclasses import replace
+
+    from specviz.training import data
+
+    monkeypatch.setattr(data, "SHARD_PROMPTS", 2)
+    for i in range(3):
+        (tmp_path / f"s{i}.txt").write_text(story(i, 600))
+    answered = count_calls(monkeypatch, data, "self_distill")
+    extracted = count_calls(monkeypatch, data, "extract_features")
+    plan = data.DataPlan(sources=[str(tmp_path / "*.txt")], prompts=4, eval_prompts=2, extra_prompts=2,
+                         corpus_tokens=200, seq_len=64, gen_tokens=4, gen_batch=4, layers=(1,), extra_layers=(2,),
+                         keep_hidden=False)
+    cached = data.build_data(tiny_target, plan, tmp_path / "cache", log=lambda _: None)
+    assert cached.train.hidden == {} and cached.heldout.hidden == {}
+    built = (answered["n"], extracted["n"])
+    trained = data.build_data(tiny_target, replace(plan, keep_hidden=True), tmp_path / "cache", log=lambda _: None)
+    assert (answered["n"], extracted["n"]) == built
+    assert set(trained.train.hidden) == {1} and set(trained.heldout.hidden) == {1}
+    assert trained.train.hidden[1].shape[0] == trained.train.num_tokens
+    assert trained.train.input_ids.tolist() == cached.train.input_ids.tolist()
+
+
 def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch, capsys):
     """--self-prompts: user turns sampled after the target's own chat template opens a user turn (seeded, cached,
     filtered; a larger count extends the list, and a window of it leaves out what earlier draws wrote), answered and

@@ -55,7 +55,7 @@ def run_data(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)  # noqa: E731
     target = load_model(args.target, device=args.device)
-    plan = _plan(args, topk=args.topk, layers=tuple(args.feature_layers))
+    plan = replace(_plan(args, topk=args.topk, layers=tuple(args.feature_layers)), keep_hidden=False)
     data = build_data(_inference_view(target, log), plan, args.cache_dir, log)
     log(f"data in {args.cache_dir}: {data.train.num_sequences} training sequences "
         f"({int(data.train.loss_mask.sum())} trained positions), {data.heldout.num_sequences} held-out answers")

@@ -64,6 +64,9 @@ class DataPlan:
     #: the training sequences' hidden states are computed as they are trained on (``live_featurizer``), not cached:
     #: the whole data set then costs its answers' disk and memory only (held-out sets stay cached)
     live_features: bool = False
+    #: False: every shard's hidden states are cached and let go, not returned (``specviz data``, which trains nothing):
+    #: a build then holds one shard's hidden states at a time, not the whole set's twice over
+    keep_hidden: bool = True
 
     @property
     def cached_layers(self) -> tuple[int, ...]:
@@ -237,13 +240,18 @@ def cached_hidden(cache: Path, name: str, parts: tuple, plan: DataPlan) -> Featu
     for layers in (plan.layers, plan.cached_layers):  # the usual files first: a scan reads every header
         exact = feature_path(cache, name, parts, layers)
         if exact.is_file():
-            return FeatureSet.load(exact, layers=plan.layers)
+            return FeatureSet.load(exact, layers=_kept(plan))
     base = cache_key(*parts)
     for path in sorted((cache / "features").glob(f"{name}-*.safetensors")):
         meta = FeatureSet.read_meta(path)
         if meta.get("base") == base and set(plan.layers) <= set(meta.get("layers", ())):
-            return FeatureSet.load(path, layers=plan.layers)
+            return FeatureSet.load(path, layers=_kept(plan))
     return None
+
+
+def _kept(plan: DataPlan) -> tuple[int, ...]:
+    """The hidden states a cached feature file is read with: the trainer's layers, or none (``keep_hidden``)."""
+    return plan.layers if plan.keep_hidden else ()
 
 
 def save_hidden(result: FeatureSet, cache: Path, name: str, parts: tuple, plan: DataPlan, meta: dict) -> None:
