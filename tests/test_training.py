@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from specviz.training.batches import make_batch
 from specviz.training.cli import main
 from specviz.training.data import positions_subset, split_prompts
 from specviz.training.evaluate import chain_tau, evaluate_agreement
+from specviz.training.export import _self_prompt_data
 from specviz.training.export import main as export_main
 from specviz.training.features import FeatureSet, extract_features
 from specviz.training.generate import chat_ids, greedy_batch, self_distill
@@ -758,6 +760,18 @@ def test_live_features_train_what_cached_features_train(tmp_path, capsys, kind):
     assert main(["draft-lm", *common, "--live-features", "--steps", "1", "--hidden", "16", "--layers", "1",
                  "--out", str(tmp_path / "lm"), "--cache-dir", str(tmp_path / "cache-live")]) == 2
     assert "--live-features: draft-lm reads no hidden states" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_cards_line_on_self_written_prompts_names_their_window_in_one_aside():
+    """A continued run (``--self-prompts-from``) says which draws it read; the card's line holds one parenthesis, not
+    two side by side."""
+    window = _self_prompt_data(Namespace(self_prompts=10240, self_from=5120))
+    assert "among draws 5120..10240 of those it sampled (`--self-prompts-from`" in window
+    first = _self_prompt_data(Namespace(self_prompts=5120, self_from=0))
+    assert "among 5120 it sampled (`--self-prompts`:" in first
+    for line in (window, first):
+        assert line.count("(") == line.count(")") == 1 and line.endswith("distinct).")
+    assert _self_prompt_data(Namespace(self_prompts=0)) == ""
 
 
 def test_a_card_without_corpus_text_says_so(tmp_path):

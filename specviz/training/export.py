@@ -292,9 +292,9 @@ def _self_prompt_data(args: argparse.Namespace) -> str:
         return ""
     window = getattr(args, "self_from", 0)
     drawn = (f"draws {window}..{count} of those it sampled (`--self-prompts-from`: the window after those the "
-             f"starting weights trained on)" if window else f"{count} it sampled")
-    return (f"\n- The target's own greedy answers to the user turns it wrote itself among {drawn} "
-            f"(`--self-prompts`: its chat template opened at a user turn, temperature 1; those that ended on their "
+             f"starting weights trained on; " if window else f"{count} it sampled (")
+    return (f"\n- The target's own greedy answers to the user turns it wrote itself among {drawn}"
+            f"`--self-prompts`: its chat template opened at a user turn, temperature 1; those that ended on their "
             f"own, {MIN_WORDS} words or more, distinct).")
 
 
