@@ -291,9 +291,10 @@ def _self_prompt_data(args: argparse.Namespace) -> str:
     if not count:
         return ""
     window = getattr(args, "self_from", 0)
-    drawn = (f"draws {window}..{count} of those it sampled (`--self-prompts-from`: the window after those the "
-             f"starting weights trained on; " if window else f"{count} it sampled (")
-    return (f"\n- The target's own greedy answers to the user turns it wrote itself among {drawn}"
+    drawn = f"draws {window}..{count} of those it sampled" if window else f"{count} it sampled"
+    continued = ("`--self-prompts-from`: the window after those the starting weights trained on; " if window
+                 else "")
+    return (f"\n- The target's own greedy answers to the user turns it wrote itself among {drawn} ({continued}"
             f"`--self-prompts`: its chat template opened at a user turn, temperature 1; those that ended on their "
             f"own, {MIN_WORDS} words or more, distinct).")
 
