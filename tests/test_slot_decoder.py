@@ -105,12 +105,61 @@ def test_the_floor_is_the_matrix_rate_over_two_flops_a_weight():
     assert matmul_gflops(side=256, repeats=1) > 0
 
 
+def test_an_emulated_dtype_is_timed_on_a_small_product(monkeypatch):
+    """Where a dtype runs emulated, its rate comes from the small product alone (a large one would take a minute)."""
+    from specviz.training import floor
+
+    sides = []
+    rate = {torch.float32: 100.0, torch.bfloat16: 0.6}
+    monkeypatch.setattr(floor, "_timed_gflops", lambda dtype, side, repeats, device: sides.append(side) or rate[dtype])
+    assert floor.matmul_gflops(torch.bfloat16) == 0.6 and sides == [floor.EMULATED_SIDE, floor.EMULATED_SIDE]
+    sides.clear()
+    assert floor.matmul_gflops(torch.float32) == 100.0 and sides == [floor.EMULATED_SIDE, floor.SIDE]
+
+
 def test_the_data_builds_floor_is_the_best_rate_it_measured(monkeypatch):
     """Measured again at every shard, the best kept: a floor first measured on a busy machine rises when the machine
     is quiet, and one busy moment later does not lower it."""
-    from specviz.training import data
+    from specviz.training import floor
 
     measured = iter([100.0, 400.0, 200.0])
-    monkeypatch.setattr(data, "matmul_gflops", lambda dtype, device: next(measured))
-    monkeypatch.setattr(data, "_BEST_GFLOPS", {})
-    assert [data._gflops(torch.bfloat16, "cpu") for _ in range(3)] == [100.0, 400.0, 400.0]
+    monkeypatch.setattr(floor, "matmul_gflops", lambda dtype, device: next(measured))
+    monkeypatch.setattr(floor, "_BEST_GFLOPS", {})
+    assert [floor.best_gflops(torch.bfloat16, "cpu") for _ in range(3)] == [100.0, 400.0, 400.0]
+
+
+@pytest.mark.parametrize(("bf16_gflops", "chosen"), [(0.6, "float32"), (34.0, "float32"), (35.0, "bfloat16"),
+                                                     (900.0, "bfloat16")])
+def test_auto_decodes_in_bfloat16_only_where_its_products_run_at_least_half_as_fast(monkeypatch, bf16_gflops, chosen):
+    """Where bfloat16 is emulated (0.6 GFLOP/s against float32's 70 on a CPU with neither AMX nor AVX-512 BF16) the
+    answers decode in float32; the choice and both rates are logged, an explicit dtype is kept as given."""
+    from specviz.training import data, floor
+
+    rates = {torch.float32: 70.0, torch.bfloat16: bf16_gflops}
+    monkeypatch.setattr(floor, "matmul_gflops", lambda dtype, device: rates[dtype])
+    lines = []
+    assert data.resolve_gen_dtype("auto", "cpu", lines.append) == chosen
+    assert lines == [f"answers decode in {chosen} (--gen-dtype auto): float32 products 70 GFLOP/s, bfloat16 "
+                     f"{bf16_gflops:.3g} GFLOP/s"]
+    assert [data.resolve_gen_dtype(name, "cpu", lines.append) for name in data.DTYPES] == list(data.DTYPES)
+    assert len(lines) == 1
+
+
+def test_auto_measures_this_machine_and_the_cli_defaults_to_it():
+    from specviz.training import data
+    from specviz.training.arguments import build_parser
+
+    assert data.resolve_gen_dtype("auto", "cpu", lambda line: None) in ("bfloat16", "float32")
+    args = build_parser().parse_args(["eagle3", "--data", "x", "--out", "o"])
+    assert args.gen_dtype == "auto"
+
+
+@pytest.mark.parametrize(("faster", "warned"), [(torch.float32, True), (torch.bfloat16, False)])
+def test_autocast_bf16_is_warned_of_where_bfloat16_runs_slower(monkeypatch, faster, warned):
+    from specviz.training import cli
+
+    monkeypatch.setattr(cli, "faster_dtype", lambda device: (faster, {torch.float32: 70.0, torch.bfloat16: 0.6}))
+    lines = []
+    cli._check_autocast("cpu", lines.append)
+    assert lines == (["warning: --autocast bf16 trains slower than float32 on this machine (float32 products 70 "
+                      "GFLOP/s, bfloat16 0.6 GFLOP/s): leave it out here"] if warned else [])

@@ -198,8 +198,9 @@ def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch
     asked = chat_ids(tokenizer, "tell a story")
     assert len(opening) < len(asked) and asked[:len(opening)] == opening  # up to the user's text
     sampled = count_calls(monkeypatch, self_prompts, "continue_ids")
+    logged = []
     options = {"cache": tmp_path / "cache", "seed": 0, "shard": 8, "batch_size": 4, "decode_dtype": None,
-               "log": lambda _: None}
+               "log": logged.append}
     few = self_prompts.self_written_prompts(tiny_target, 8, **options)
     more = self_prompts.self_written_prompts(tiny_target, 24, **options)
     assert sampled["n"] == 1 + 2  # the first shard came from the cache the second time
@@ -210,6 +211,8 @@ def test_the_target_writes_prompts_of_its_own(tiny_target, tmp_path, monkeypatch
     assert self_prompts.self_written_prompts(tiny_target, 24, **options) == more and sampled["n"] == 3
     later = self_prompts.self_written_prompts(tiny_target, 24, start=8, **options)  # the window after the first shard
     assert later == more[len(few):] and sampled["n"] == 3
+    rates = [line for line in logged if "sampled tokens/s" in line and "of the floor" in line]
+    assert len(rates) == 3  # each shard sampled says how near the machine's floor it ran
 
     (tmp_path / "s.txt").write_text(story(0, 600))
     plan = data.DataPlan(sources=[str(tmp_path / "s.txt")], prompts=4, eval_prompts=2, extra_prompts=2, extra_from=2,

@@ -12,8 +12,8 @@ pass), and the mean total-variation distance of their top-k probabilities. Last,
 relabels the answers (and gives the hidden-state families their features, ``specviz train --live-features`` at every
 step) over the same sequences, through the fast forward on the engine's declared kernel (thin where it builds) and on
 torch's (the data stages run the faster of the two), against the float32 floor. ``--kernel-only`` runs only what
-``specviz data`` and ``train`` run: the bfloat16 decoder with the kernel, then the feature passes. Run it on a quiet
-machine.
+``specviz data`` and ``train`` run: the decoder in the dtype ``--gen-dtype auto`` chooses here (bfloat16 with the
+kernel, or float32 where bfloat16 is emulated), then the feature passes. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from specviz.models import fast_forward, load_model
 from specviz.training.features import extract_features
-from specviz.training.floor import Rate, flops_per_token, matmul_gflops
+from specviz.training.floor import Rate, faster_dtype, flops_per_token
 from specviz.training.generate import MAX_PROMPT_TOKENS, chat_ids, greedy_batch, stop_ids
 from specviz.training.prompts import build_prompts
 from specviz.training.slot_decoder import SlotDecoder
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-padded", action="store_true", help="leave out the padded batches (the slowest)")
     parser.add_argument("--kernel-only", action="store_true",
-                        help="only the bfloat16 decoder with the decode-attention kernel, then the feature passes")
+                        help="only the decoder specviz data runs here (--gen-dtype auto), then the feature passes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(args.target)
@@ -54,7 +54,7 @@ def main() -> None:
                for p in build_prompts(documents, args.prompts, seed=0)]
     eos = stop_ids(target.tokenizer, model)
     per_token = flops_per_token(model)
-    rates = {dtype: matmul_gflops(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    chosen, rates = faster_dtype()  # both dtypes' matrix-product rates (an emulated one timed small)
     print(f"{args.prompts} prompts ({sum(map(len, prompts))} tokens), answers up to {args.gen_tokens} tokens, "
           f"{args.threads} threads")
 
@@ -76,7 +76,7 @@ def main() -> None:
                 padded[i] = ids
         report("padded batches of 16, float32", torch.float32, list(padded.values()), time.perf_counter() - start)
     decoded = {}
-    ways = ((torch.bfloat16, True),) if args.kernel_only else (
+    ways = ((chosen, chosen == torch.bfloat16),) if args.kernel_only else (
         (torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True))
     for dtype, kernel in ways:
         start = time.perf_counter()
@@ -85,7 +85,7 @@ def main() -> None:
         report(f"slot decoder, 128 slots, {str(dtype).removeprefix('torch.')}", dtype,
                [a.ids for a in decoded[dtype, kernel]], time.perf_counter() - start)
         print(f"  attention: {decoder.describe_attention()}")
-    sequences = [p + a.ids for p, a in zip(prompts, decoded[torch.bfloat16, True])]
+    sequences = [p + a.ids for p, a in zip(prompts, decoded[ways[-1]])]
     for name, thin in (("engine's kernel", None), ("torch's kernel", False)):  # the engine's: thin where it builds
         fast = fast_forward.fast_copy(model, thin=thin)
         extract_features(fast, sequences[:4], topk=8, layers=FEATURE_LAYERS, desc=None)  # warm up

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specviz.drafters import registry
 from specviz.models.registry import DEFAULT_TARGET
-from specviz.training.data import DTYPES, DataPlan
+from specviz.training.data import AUTO_DTYPE, DTYPES, DataPlan
 from specviz.training.trainers import TRAINERS
 
 DESCRIPTION = ("specviz train <kind> --target T --data PATH... --out DIR: build shared target features, train, "
@@ -98,9 +98,11 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-tokens", type=int, default=144, help="max answer length when self-distilling")
     parser.add_argument("--gen-batch", type=int, default=DataPlan.gen_batch,
                         help="answers decoded at once (the slot decoder's slots, or the padded batch's rows)")
-    parser.add_argument("--gen-dtype", choices=sorted(DTYPES), default=DataPlan.gen_dtype,
-                        help="dtype the answers are decoded in ('target': the target's own); the hidden-state "
-                             "families' feature pass relabels them with the target's own numbers")
+    parser.add_argument("--gen-dtype", choices=sorted([*DTYPES, AUTO_DTYPE]), default=AUTO_DTYPE,
+                        help="dtype the answers are decoded in ('target': the target's own; 'auto': bfloat16 where "
+                             "this machine's bfloat16 products run at least half as fast as float32's, else "
+                             "float32); the hidden-state families' feature pass relabels them with the target's own "
+                             "numbers")
     parser.add_argument("--corpus-tokens", type=int, default=100_000, help="corpus tokens annotated with target top-k")
     parser.add_argument("--stdlib-files", type=int, default=400, help="how many stdlib .py files 'stdlib' samples")
     parser.add_argument("--topk", type=int, default=8, help="target probabilities kept per position")

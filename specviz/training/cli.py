@@ -21,10 +21,19 @@ import torch
 from specviz import outputs
 from specviz.errors import SpecvizError
 from specviz.training.arguments import DESCRIPTION, add_data_arguments, add_train_arguments, build_parser
-from specviz.training.data import MIN_WINDOW, SHARD_PROMPTS, DataPlan, build_data, live_featurizer, positions_subset
+from specviz.training.data import (
+    MIN_WINDOW,
+    SHARD_PROMPTS,
+    DataPlan,
+    build_data,
+    live_featurizer,
+    positions_subset,
+    resolve_gen_dtype,
+)
 from specviz.training.evaluate import evaluate_agreement
 from specviz.training.export import export_model, write_model_card
 from specviz.training.features import extract_features
+from specviz.training.floor import describe_rates, faster_dtype
 from specviz.training.trainers import TrainConfig, fit, get_trainer, warm_start
 
 
@@ -55,7 +64,8 @@ def run_data(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     log = lambda message: print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)  # noqa: E731
     target = load_model(args.target, device=args.device)
-    plan = replace(_plan(args, topk=args.topk, layers=tuple(args.feature_layers)), keep_hidden=False)
+    plan = replace(_plan(args, topk=args.topk, layers=tuple(args.feature_layers), device=target.device, log=log),
+                   keep_hidden=False)
     data = build_data(_inference_view(target, log), plan, args.cache_dir, log)
     log(f"data in {args.cache_dir}: {data.train.num_sequences} training sequences "
         f"({int(data.train.loss_mask.sum())} trained positions), {data.heldout.num_sequences} held-out answers")
@@ -102,13 +112,16 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     started = time.perf_counter()
     target = load_model(args.target, device=args.device)
     log(f"target {target.name} ({target.source}) on {target.device} loaded in {target.load_seconds:.1f}s")
+    if args.autocast == "bf16":
+        _check_autocast(target.device, log)
     options = {"hidden": args.hidden, "layers": args.layers, "topk": args.topk, "softmax_sample": args.softmax_sample,
                "init_layers": args.init_layers, "target_name": args.target,
                **family_options}
     trainer = trainer_cls(target, options)
     warm = trainer.load_exported(args.init_from) if args.init_from is not None else None  # refused before the data
     request = trainer.features()
-    plan = replace(_plan(args, topk=request.topk, layers=request.layers), live_features=args.live_features)
+    plan = replace(_plan(args, topk=request.topk, layers=request.layers, device=target.device, log=log),
+                   live_features=args.live_features)
     if plan.live_features and not plan.layers:
         raise SpecvizError(f"--live-features: {args.kind} reads no hidden states of the target (drop the option)")
     view = _inference_view(target, log)
@@ -160,12 +173,22 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     return summary
 
 
-def _plan(args: argparse.Namespace, *, topk: int, layers: tuple[int, ...]) -> DataPlan:
-    """The data to build with ``topk`` labels and the hidden states of ``layers`` (a trainer's), checked."""
+def _check_autocast(device: str, log) -> None:
+    """``--autocast bf16`` where bfloat16 is emulated trains many times slower than float32: said before the run."""
+    dtype, rates = faster_dtype(device)
+    if dtype != torch.bfloat16:
+        log(f"warning: --autocast bf16 trains slower than float32 on this machine ({describe_rates(rates)}): leave it "
+            "out here")
+
+
+def _plan(args: argparse.Namespace, *, topk: int, layers: tuple[int, ...], device: str, log=print) -> DataPlan:
+    """The data to build with ``topk`` labels and the hidden states of ``layers`` (a trainer's), checked; the
+    answers' dtype chosen for ``device`` where ``--gen-dtype auto`` asks."""
     plan = DataPlan(sources=args.data, prompts=args.prompts, eval_prompts=args.eval_prompts,
                     extra_prompts=args.extra_prompts, extra_from=args.extra_from, self_prompts=args.self_prompts,
                     self_from=args.self_from,
-                    gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
+                    gen_tokens=args.gen_tokens, gen_batch=args.gen_batch,
+                    gen_dtype=resolve_gen_dtype(args.gen_dtype, device, log),
                     corpus_tokens=args.corpus_tokens,
                     seq_len=args.seq_len, topk=topk, layers=layers,
                     extra_layers=args.feature_layers,

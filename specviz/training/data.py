@@ -15,7 +15,7 @@ import torch
 
 from specviz.errors import SpecvizError
 from specviz.training.features import FeatureSet, cache_key, extract_features
-from specviz.training.floor import Rate, flops_per_token, matmul_gflops
+from specviz.training.floor import describe_rates, faster_dtype, stage_rate
 from specviz.training.generate import MAX_PROMPT_TOKENS, self_distill
 from specviz.training.prompts import Prompt, build_prompts, file_prompts
 from specviz.training.self_prompts import self_written_prompts
@@ -25,6 +25,8 @@ from specviz.training.text_sources import Document, iter_documents
 SHARD_PROMPTS = 512
 #: ``--gen-dtype`` choices: the dtype answers are decoded in (None: the target's own); labels are always the target's
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "target": None}
+#: ``--gen-dtype auto`` (the default): bfloat16 where this machine runs its products fast, else float32
+AUTO_DTYPE = "auto"
 #: Prompt files hold real requests (summaries of whole articles): answer them from their full text, not a tail.
 FILE_PROMPT_TOKENS = 2048
 
@@ -145,26 +147,24 @@ def answers(target, prompts: list[Prompt], plan: DataPlan, cache: Path, tag: str
     return FeatureSet.concat(shards)
 
 
+def resolve_gen_dtype(name: str, device: str, log=print) -> str:
+    """``name``, or for ``auto`` the decoding dtype this machine runs faster (``floor.faster_dtype``): where
+    bfloat16 is emulated, decoding in it is two orders of magnitude slower than float32. Logged; the cache keys
+    and the card see the dtype chosen."""
+    if name != AUTO_DTYPE:
+        return name
+    dtype, rates = faster_dtype(device)
+    chosen = str(dtype).removeprefix("torch.")
+    log(f"answers decode in {chosen} (--gen-dtype {AUTO_DTYPE}): {describe_rates(rates)}")
+    return chosen
+
+
 def answer_rate(target, shard: FeatureSet, seconds: float, gen_dtype: str) -> str:
     """How fast ``shard`` was answered and labelled (its teacher-forced pass included), against this machine's
     floor in the decoding dtype."""
     dtype = DTYPES[gen_dtype] or target.dtype
-    rate = Rate(tokens=shard.num_tokens, answer_tokens=int(shard.loss_mask.sum()), seconds=seconds,
-                gflops=_gflops(dtype, target.device), flops_per_token=flops_per_token(target.model))
-    return rate.describe(dtype)
-
-
-#: the best matrix-product rate measured in this process, per (dtype, device)
-_BEST_GFLOPS: dict[tuple[torch.dtype, str], float] = {}
-
-
-def _gflops(dtype: torch.dtype, device: str) -> float:
-    """The machine's matrix-product rate in ``dtype``, measured again at every shard (a fraction of a second) and the
-    best kept: a floor first measured while other work shared the machine would otherwise stay understated for the
-    whole build, and every later shard would read as a larger share of it than it is."""
-    key = (dtype, device)
-    _BEST_GFLOPS[key] = max(_BEST_GFLOPS.get(key, 0.0), matmul_gflops(dtype, device=device))
-    return _BEST_GFLOPS[key]
+    return stage_rate(target.model, tokens=shard.num_tokens, generated=int(shard.loss_mask.sum()), seconds=seconds,
+                      dtype=dtype, device=target.device).describe(dtype)
 
 
 def hidden_states_over(target, answered: FeatureSet, plan: DataPlan, *, layers: tuple[int, ...] | None = None,

@@ -17,9 +17,21 @@ import torch
 SIDE = 2048
 
 
+#: below this rate (GFLOP/s) on a small product a dtype is emulated (bfloat16 on a CPU with neither AMX nor AVX-512
+#: BF16): it is timed at that small size, since a ``SIDE``² product would take most of a minute and run no faster
+EMULATED_GFLOPS, EMULATED_SIDE = 10.0, 256
+
+
 def matmul_gflops(dtype: torch.dtype = torch.float32, *, side: int = SIDE, repeats: int = 4,
                   device: str = "cpu") -> float:
-    """This machine's rate on a ``side``² matrix product in ``dtype`` (GFLOP/s, the best of ``repeats``)."""
+    """This machine's rate on a ``side``² matrix product in ``dtype`` (GFLOP/s, the best of ``repeats``), or on an
+    ``EMULATED_SIDE``² one where the dtype runs emulated."""
+    if side > EMULATED_SIDE and _timed_gflops(dtype, EMULATED_SIDE, 1, device) < EMULATED_GFLOPS:
+        side, repeats = EMULATED_SIDE, 2
+    return _timed_gflops(dtype, side, repeats, device)
+
+
+def _timed_gflops(dtype: torch.dtype, side: int, repeats: int, device: str) -> float:
     a = torch.randn(side, side, device=device).to(dtype)
     b = torch.randn(side, side, device=device).to(dtype)
     a @ b  # warm-up: thread pools, packing, lazy kernel loads
@@ -61,8 +73,42 @@ class Rate:
         """Forward tokens per second as a fraction of the floor."""
         return self.tokens / self.seconds / self.floor
 
-    def describe(self, dtype: torch.dtype) -> str:
+    def describe(self, dtype: torch.dtype, generated: str = "answer") -> str:
         name = str(dtype).removeprefix("torch.")
-        return (f"{self.answer_tokens / self.seconds:.0f} answer tokens/s, {self.tokens / self.seconds:.0f} forward "
-                f"tokens/s = {self.fraction:.0%} of the floor ({self.floor:.0f} tokens/s: {name} products at "
-                f"{self.gflops:.0f} GFLOP/s ÷ {self.flops_per_token / 1e9:.3f} GFLOP a token)")
+        return (f"{self.answer_tokens / self.seconds:.0f} {generated} tokens/s, "
+                f"{self.tokens / self.seconds:.0f} forward tokens/s = {self.fraction:.0%} of the floor "
+                f"({self.floor:.0f} tokens/s: {name} products at {self.gflops:.0f} GFLOP/s ÷ "
+                f"{self.flops_per_token / 1e9:.3f} GFLOP a token)")
+
+
+#: the best matrix-product rate measured in this process, per (dtype, device)
+_BEST_GFLOPS: dict[tuple[torch.dtype, str], float] = {}
+
+
+def best_gflops(dtype: torch.dtype, device: str) -> float:
+    """The machine's matrix-product rate in ``dtype``, measured again at every call (a fraction of a second) and the
+    best kept: a floor first measured while other work shared the machine would otherwise stay understated for a
+    whole data build, and every later stage would read as a larger share of it than it is."""
+    key = (dtype, device)
+    _BEST_GFLOPS[key] = max(_BEST_GFLOPS.get(key, 0.0), matmul_gflops(dtype, device=device))
+    return _BEST_GFLOPS[key]
+
+
+def stage_rate(model, *, tokens: int, generated: int, seconds: float, dtype: torch.dtype, device: str) -> Rate:
+    """A data stage's throughput (``tokens`` through ``model``'s forward, ``generated`` of them new) against this
+    machine's floor in ``dtype``."""
+    return Rate(tokens=tokens, answer_tokens=generated, seconds=seconds, gflops=best_gflops(dtype, device),
+                flops_per_token=flops_per_token(model))
+
+
+def faster_dtype(device: str = "cpu") -> tuple[torch.dtype, dict[torch.dtype, float]]:
+    """bfloat16 where this machine's bfloat16 products run at least half as fast as its float32 ones (decoding reads
+    half the bytes in bfloat16, so it pays there), else float32; with both rates (GFLOP/s) for the log."""
+    rates = {dtype: matmul_gflops(dtype, device=device) for dtype in (torch.float32, torch.bfloat16)}
+    return (torch.bfloat16 if rates[torch.bfloat16] >= rates[torch.float32] / 2 else torch.float32), rates
+
+
+def describe_rates(rates: dict[torch.dtype, float]) -> str:
+    """``rates`` as one log phrase: "float32 products 71 GFLOP/s, bfloat16 0.6 GFLOP/s"."""
+    return ", ".join(f"{str(dtype).removeprefix('torch.')}{' products' if i == 0 else ''} {gflops:.3g} GFLOP/s"
+                     for i, (dtype, gflops) in enumerate(rates.items()))

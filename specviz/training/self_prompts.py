@@ -11,10 +11,12 @@ larger count extends the list without changing its start.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from specviz.errors import SpecvizError
 from specviz.training.features import cache_key
+from specviz.training.floor import stage_rate
 from specviz.training.generate import continue_ids, stop_ids
 from specviz.training.prompts import Prompt
 
@@ -69,9 +71,15 @@ def self_written_prompts(target, count: int, *, cache: Path, seed: int, shard: i
             texts = json.loads(path.read_text())
         else:
             log(f"self-written prompts: sampling user turns {first}..{first + draws} of {count}")
+            began = time.perf_counter()
             results = continue_ids(model, tokenizer, [opening] * draws, max_new_tokens=MAX_TOKENS,
                                    batch_size=batch_size, topk=1, temperature=TEMPERATURE, seed=seed + first,
                                    decode_dtype=decode_dtype)
+            sampled = sum(len(ids) for ids, _, _ in results)
+            dtype = decode_dtype or next(model.parameters()).dtype
+            rate = stage_rate(model, tokens=draws * len(opening) + sampled, generated=sampled,
+                              seconds=time.perf_counter() - began, dtype=dtype, device=target.device)
+            log(f"self-written prompts: {rate.describe(dtype, generated='sampled')}")
             texts = [tokenizer.decode(ids[:-1], skip_special_tokens=True).strip() if ids and ids[-1] in eos else None
                      for ids, _, _ in results]
             path.parent.mkdir(parents=True, exist_ok=True)
