@@ -62,6 +62,9 @@ def test_export_leaves_the_embedding_out_and_the_loader_borrows_the_targets(targ
     assert config[CONFIG_KEY]["from"] == str(target_dir) and config["num_hidden_layers"] == 1
     card = (export / "README.md").read_text()
     assert "decoder layers 1 (then trained)" in card and "**not stored here**" in card and "bf16 autocast" in card
+    # --gen-dtype auto: the dtype this machine chose is recorded, since the command line does not say it
+    chosen = json.loads((tmp_path / "run" / "metrics.json").read_text())["answers_dtype"]
+    assert chosen in ("bfloat16", "float32") and f"template, decoded in {chosen})" in card
     clear_cache()
     target = load_model(str(target_dir))
     draft = load_model(str(export), role="draft")

@@ -159,7 +159,8 @@ def _run(args: argparse.Namespace, trainer_cls, family_options: dict, out: Path,
     final = out / "final"
     trainer.save_pretrained(student, final)
     summary = _summary(args, trainer, student, train_set, result, command=command, metrics=metrics,
-                       file_metrics=file_metrics, seconds=(data_seconds, train_seconds), warm=warm is not None)
+                       file_metrics=file_metrics, seconds=(data_seconds, train_seconds), warm=warm is not None,
+                       answers_dtype=plan.gen_dtype)
     _merge_resumed(summary, out / "metrics.json", args.resume, result["resumed"])
     log(f"held-out top-1 agreement {metrics['top1_agreement']:.3f}, simulated chain tau "
         f"{metrics['simulated_chain_tau']}; saved {final}")
@@ -206,8 +207,9 @@ def _parameters(student) -> tuple[int, int]:
 
 
 def _summary(args: argparse.Namespace, trainer, student, train_set, result: dict, *, command: str, metrics: dict,
-             file_metrics: dict | None, seconds: tuple[float, float], warm: bool) -> dict:
-    """What ``metrics.json`` and the model card say about this run."""
+             file_metrics: dict | None, seconds: tuple[float, float], warm: bool, answers_dtype: str) -> dict:
+    """What ``metrics.json`` and the model card say about this run (``answers_dtype``: what the answers decoded in,
+    which ``--gen-dtype auto`` chose on this machine and the command line does not say)."""
     params, trainable = _parameters(student)
     data_seconds, train_seconds = seconds
     history = result["history"]
@@ -217,7 +219,7 @@ def _summary(args: argparse.Namespace, trainer, student, train_set, result: dict
         "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
         "final_loss": history[-1]["loss"] if history else None,
         "final_train_agree": history[-1].get("agree") if history else None,
-        "data_seconds": data_seconds, "train_seconds": train_seconds,
+        "data_seconds": data_seconds, "train_seconds": train_seconds, "answers_dtype": answers_dtype,
         "train_sequences": train_set.num_sequences, "train_positions": int(train_set.loss_mask.sum()),
         "heldout": metrics, "heldout_prompt_files": file_metrics,
         "command": command, "init_from": str(args.init_from) if warm and not result["resumed"] else None,

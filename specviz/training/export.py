@@ -269,12 +269,14 @@ def _replay_caveat(summary: dict) -> str:
             "family it is an upper bound")
 
 
-def _generated_prompt_data(args: argparse.Namespace, sources: str) -> str:
+def _generated_prompt_data(args: argparse.Namespace, sources: str, answers_dtype: str | None) -> str:
     """The card's line on the generated prompts the run answered (all of them, or its ``--extra-prompts-from``
-    window of the set)."""
+    window of the set), and the dtype they decoded in where the run recorded it."""
     window = getattr(args, "extra_from", 0)
+    decoded = {None: "", "target": ", decoded in the target's own dtype"}.get(answers_dtype,
+                                                                              f", decoded in {answers_dtype}")
     answers = (f"- Self-distillation: the target's own greedy chat answers (≤ {args.gen_tokens} tokens, its chat "
-               f"template)")
+               f"template{decoded})")
     if window and window >= args.extra_prompts:
         return (f"{answers}, to no generated prompt (`--extra-prompts-from {window}`: the starting weights trained on "
                 f"the set's first {window} extra prompts).")
@@ -342,7 +344,7 @@ def write_model_card(dest: Path, summary: dict, *, name: str, engine: list[dict]
 {architecture}
 
 ## Data (built by the training command)
-{_generated_prompt_data(args, sources)}{_self_prompt_data(args)}
+{_generated_prompt_data(args, sources, summary.get("answers_dtype"))}{_self_prompt_data(args)}
 {_prompt_file_data(args)}
 {corpus}
 - Loss: {loss}.
