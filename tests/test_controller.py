@@ -165,9 +165,11 @@ def test_a_fresh_controller_copies_like_data_and_a_used_one_refuses():
         copy.deepcopy(fresh)
 
 
-def test_a_leaving_visitor_s_run_stops_and_their_files_go(tiny_targets):
+def test_a_leaving_visitor_s_run_stops_and_their_files_go(tiny_targets, caplog):
     """``demo.unload`` (``Visitors.leave``) and Gradio's state delete (``Session.close``) end a visitor's run at once
-    and delete their trace files; the other visitors' runs go on."""
+    and delete their trace files; the other visitors' runs go on. The operator's log says how each run ended and how
+    many were left on the machine."""
+    caplog.set_level("INFO", logger="specviz.ui")
     visitors, leaving, staying = Visitors(), Session(), Session()
     visitors.arrive("a", leaving)
     visitors.arrive("b", staying)
@@ -184,6 +186,10 @@ def test_a_leaving_visitor_s_run_stops_and_their_files_go(tiny_targets):
     assert other.outcome == controller.CLOSED and not other.alive
     staying.close()  # twice is harmless
     assert runner.active_runs() == 0
+    ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run ")]
+    assert ended[0] == f"run finished after {len(done.record.rounds)} rounds; runs on the machine now: 0", ended
+    assert ended[1].startswith("run stopped after") and ended[1].endswith("runs on the machine now: 1"), ended
+    assert ended[2].startswith("run stopped after") and ended[2].endswith("runs on the machine now: 0"), ended
 
 
 def test_finished_answers_join_the_visitors_memory_and_retrieval_reuses_them(tiny_targets):

@@ -6,6 +6,7 @@ model is loaded; Run replaces it with a live run of the real model.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import gradio as gr
@@ -89,5 +90,18 @@ def launch(demo: gr.Blocks | None = None, **kwargs) -> gr.Blocks:
     kwargs.setdefault("css_paths", [CSS])
     kwargs["css"] = NARROW_CSS + (kwargs.get("css") or "")
     kwargs.setdefault("show_error", True)
+    _log_runs()
     demo.launch(**kwargs)
     return demo
+
+
+def _log_runs() -> None:
+    """Send specviz's INFO lines (each run's end, ``controller.Producer``) to stderr, the Space's log, unless the
+    operator configured logging already."""
+    logger = logging.getLogger("specviz")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -124,6 +124,10 @@ class Producer:
                 _mark_stopped(self.record)  # a no-op when the stream's last event (Finished) arrived
             self.phase = "done"
             self._changed.set()
+            # for the operator's log: a run that ends frees the machine for the others (``runner.active_runs``)
+            how = "failed" if self.error is not None else "stopped" if self.stop_requested.is_set() else "finished"
+            log.info("run %s after %d rounds; runs on the machine now: %d", how, len(self.record.rounds),
+                     runner.active_runs())
 
     @property
     def alive(self) -> bool:

@@ -101,6 +101,10 @@ def server():
     log.close()
 
 
+def _server_log() -> str:
+    return (ARTIFACTS / "server.log").read_text(errors="replace")
+
+
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as playwright:
@@ -608,10 +612,16 @@ def test_two_sessions_generate_at_once(server, browser):
         # with the run below
         leaving = Page(browser, server)
         leaving.fill("max-new-tokens", "400")
+        stopped = _server_log().count("run stopped after")
         leaving.page.click("#run")
         leaving.wait_status("Generating")
         leaving.close()
-        time.sleep(2)
+        # the server logs the stop once the run's thread let go of the machine (``controller.Producer``)
+        deadline = time.time() + 60
+        while _server_log().count("run stopped after") == stopped and time.time() < deadline:
+            time.sleep(0.2)
+        ended = [line for line in _server_log().splitlines() if "run stopped after" in line][stopped:]
+        assert ended and ended[0].endswith("runs on the machine now: 0"), ended
         # then one alone: it measures its own baseline and says nothing of sharing, and the bench's figure for the
         # same request, measured right after it in the same conditions (one torch thread, as the server runs),
         # lies within the interval the page states
