@@ -3,11 +3,14 @@
 No speed assertion (CI machines are shared); only that every configuration runs, is lossless, and is reported.
 """
 
+import argparse
 import json
 
 import pytest
 
 from specviz import cli
+from specviz.bench import command
+from specviz.bench.prompts import DEFAULT_PROMPTS, load_prompts, select
 from specviz.bench.summary import OVERALL, PLAIN_ROW
 from specviz.models import DEFAULT_TARGET, get_entry
 from specviz.models.embedded import available
@@ -19,9 +22,21 @@ pytestmark = pytest.mark.skipif(available(_TARGET.package or "", _TARGET.locatio
                                        "fetches it)")
 
 
+def test_quick_picks_its_three_categories_from_the_default_prompts():
+    """``bench --quick`` on the shipped prompt file: one prompt of each of ``QUICK_CATEGORIES``, in file order."""
+    args = argparse.Namespace(categories=None, quick=True)
+    every = load_prompts(DEFAULT_PROMPTS)
+    assert command.chosen_categories(args, every) == list(command.QUICK_CATEGORIES)
+    chosen = select(every, command.chosen_categories(args, every), 1)
+    assert [p.category for p in chosen] == list(command.QUICK_CATEGORIES)
+    assert command.chosen_categories(argparse.Namespace(categories="qa, coding", quick=True), every) == ["qa",
+                                                                                                         "coding"]
+
+
 def test_quick_bench_on_the_default_target(capsys, tmp_path):
-    """``bench --quick`` exactly as documented: every shipped drafter, chain and tree, and the transformers rows."""
-    code = cli.main(["bench", "--quick", "--out", str(tmp_path)])
+    """``bench --quick`` as documented, on one of its three prompts (the choice of three is tested above): every
+    shipped drafter, chain and tree, and the transformers rows."""
+    code = cli.main(["bench", "--quick", "--categories", "qa", "--out", str(tmp_path)])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     data = json.loads((tmp_path / "results.json").read_text())
@@ -35,9 +50,9 @@ def test_quick_bench_on_the_default_target(capsys, tmp_path):
                                                                                         "tree w=3 d=2 n<=4")]
     assert list(table) == [PLAIN_ROW, *rows,
                            "hf generate (plain)", "hf prompt lookup k=2 n=3", f"hf assisted {draft} k=2"]
-    assert data["summary"]["categories"] == ["writing", "qa", "math_reasoning"]
+    assert data["summary"]["categories"] == ["qa"]
     for name, groups in table.items():
-        assert groups[OVERALL]["exact"] == 3, name  # greedy: token-identical to plain decoding on every prompt
+        assert groups[OVERALL]["exact"] == 1, name  # greedy: token-identical to plain decoding on every prompt
     assert data["settings"]["chat"] is True and data["machine"]["gpu"] == "none"
     assert all(p["new_tokens"] > 0 for p in data["prompts"])
     assert (tmp_path / "report.html").stat().st_size > 0 and "| ngram chain k=2 |" in stdout

@@ -147,17 +147,22 @@ def _precision_drafters(specs: list[str], quants: list[str], target, values) -> 
     return drafters, precisions
 
 
+def chosen_categories(args: argparse.Namespace, every: list[BenchPrompt]) -> list[str] | None:
+    """``--categories``, else ``--quick``'s (those of ``QUICK_CATEGORIES`` the file has), else None: every one."""
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    if args.categories is not None and not categories:
+        raise SpecvizError("--categories is empty")
+    if categories is None and args.quick:
+        categories = [c for c in QUICK_CATEGORIES if c in categories_of(every)] or None
+    return categories
+
+
 def run(args: argparse.Namespace) -> int:
     _resolve(args)
     values = args.values
     budget, config = api.budget_for(values), api.config_for(values)
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    if args.categories is not None and not categories:
-        raise SpecvizError("--categories is empty")
     every = load_prompts(args.prompts)
-    if categories is None and args.quick:
-        categories = [c for c in QUICK_CATEGORIES if c in categories_of(every)] or None
-    prompts = select(every, categories, args.limit_per_category)
+    prompts = select(every, chosen_categories(args, every), args.limit_per_category)
     if args.threads:
         torch.set_num_threads(args.threads)
     kwargs = {"device": values["device"]} if values["device"] else {}

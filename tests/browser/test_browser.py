@@ -654,9 +654,10 @@ LESSON_STATE = """() => ({
 })"""
 
 
-def _lesson_walk(tab: Page, steps: int, name: str) -> None:
-    """Press Next through ``steps`` steps from the first, checking at each that every panel holds text, the figure
-    is drawn, no toast or traceback showed, and Next moved on (the step's heading changed)."""
+def _lesson_walk(tab: Page, steps: int, name: str, to_totals: bool = True) -> None:
+    """Press Next through ``steps`` steps from the one shown, checking at each that every panel holds text, the
+    figure is drawn, no toast or traceback showed, and Next moved on (the step's heading changed); ``to_totals``:
+    the last of them is the run's totals, where Next stays."""
     for step in range(steps):
         state = tab.page.evaluate(LESSON_STATE)
         for text in state["panels"]:
@@ -672,6 +673,8 @@ def _lesson_walk(tab: Page, steps: int, name: str) -> None:
                 tab.shot(f"lesson-stuck-{step}")
                 pytest.fail(f"{name}: Next did not move on from step {step} ({state['title']!r}); the page shows "
                             f"{tab.page.inner_text('#lesson-text')[:300]!r}")
+    if not to_totals:
+        return
     assert "The run's totals" in tab.page.inner_text("#lesson-text"), name
     tab.page.click("#lesson-next")  # past the end: it stays on the totals
     time.sleep(0.5)
@@ -700,8 +703,16 @@ def test_lesson_walks_a_recorded_trace_and_a_live_run(server, browser):
         _lesson_source(tab, label)
         tab.page.wait_for_function(
             f"document.querySelector('#lesson-header').innerText.includes('replay of {name}')", timeout=30_000)
+        # the first two rounds step by step, then the round slider to the last round and on to the totals (every
+        # step of every round renders in tests/test_lesson.py, without a browser)
         rounds = len(examples.load_trace(name).rounds)
-        _lesson_walk(tab, 6 * rounds + 1, name)
+        _lesson_walk(tab, 13, name, to_totals=False)
+        tab.page.fill("#lesson-round input[type=number]", str(rounds - 1))
+        tab.page.press("#lesson-round input[type=number]", "Tab")
+        tab.page.wait_for_function(f"document.querySelector('#lesson-text').innerText.includes('Round {rounds - 1} (')"
+                                   " && document.querySelector('#lesson-text').innerText.includes('step 1 of 6')",
+                                   timeout=30_000)
+        _lesson_walk(tab, 7, name)
         tab.shot("lesson-totals")
         # the jump control lands on a round's first step; the glossary is one click away
         tab.page.click("#lesson-jump input")
