@@ -17,7 +17,8 @@
  * after the sum.
  *
  * Vectors are the machine's own width (16 floats with AVX-512, 8 with AVX2: a panel row is then two registers),
- * so the accumulators stay in registers on both.
+ * so the accumulators stay in registers on both. AVX2's 16 registers hold 6 rows' accumulators (12), a panel row
+ * (2) and a broadcast of x: up to 6 rows (the default 4-node tree verifies 5) read each panel once.
  *
  * Threads: OpenMP over panels. Loaded into a process whose torch runs on GNU OpenMP, this library shares
  * torch's libgomp and so its thread pool and thread count (the Python side checks that before loading).
@@ -41,7 +42,7 @@
 #define LOAD_I8(p) ((vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))))
 #else
 #define LANES 8     /* a panel row is two AVX2 registers */
-#define MAX_ROWS 4  /* 8 accumulators */
+#define MAX_ROWS 6  /* 12 accumulators, 2 weight registers and a broadcast: 15 of the 16 */
 #define PAIR_ROWS 2 /* 8 accumulators over two panels */
 #define LOAD_F32(p) (*(const vec *)(p))
 #define LOAD_I8(p) ((vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))))
@@ -101,7 +102,7 @@ typedef void (*kernel_fn)(const float *, const void *, float *, long, long, long
     }
 
 /* Every kernel of one weight format, and its two dispatch tables (by rows: one panel, two panels). */
-#if MAX_ROWS > 4
+#ifdef __AVX512F__
 #define FORMAT(NAME, T, LOAD)                                                                                   \
     KERNEL(NAME, T, LOAD, 1, 1) KERNEL(NAME, T, LOAD, 2, 1) KERNEL(NAME, T, LOAD, 3, 1)                         \
     KERNEL(NAME, T, LOAD, 4, 1) KERNEL(NAME, T, LOAD, 5, 1) KERNEL(NAME, T, LOAD, 6, 1)                         \
@@ -122,8 +123,10 @@ typedef void (*kernel_fn)(const float *, const void *, float *, long, long, long
 #else
 #define FORMAT(NAME, T, LOAD)                                                                                   \
     KERNEL(NAME, T, LOAD, 1, 1) KERNEL(NAME, T, LOAD, 2, 1) KERNEL(NAME, T, LOAD, 3, 1)                         \
-    KERNEL(NAME, T, LOAD, 4, 1) KERNEL(NAME, T, LOAD, 1, 2) KERNEL(NAME, T, LOAD, 2, 2)                         \
-    static const kernel_fn NAME##_one[MAX_ROWS + 1] = {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1};      \
+    KERNEL(NAME, T, LOAD, 4, 1) KERNEL(NAME, T, LOAD, 5, 1) KERNEL(NAME, T, LOAD, 6, 1)                         \
+    KERNEL(NAME, T, LOAD, 1, 2) KERNEL(NAME, T, LOAD, 2, 2)                                                     \
+    static const kernel_fn NAME##_one[MAX_ROWS + 1] = {0,          NAME##_1_1, NAME##_2_1, NAME##_3_1,          \
+                                                       NAME##_4_1, NAME##_5_1, NAME##_6_1};                     \
     static const kernel_fn NAME##_two[PAIR_ROWS + 1] = {0, NAME##_1_2, NAME##_2_2};
 #endif
 
