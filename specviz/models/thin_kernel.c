@@ -125,8 +125,8 @@ typedef void (*kernel_fn)(const float *, const void *, float *, long, long, long
     KERNEL(NAME, T, LOAD, 1, 1) KERNEL(NAME, T, LOAD, 2, 1) KERNEL(NAME, T, LOAD, 3, 1)                         \
     KERNEL(NAME, T, LOAD, 4, 1) KERNEL(NAME, T, LOAD, 5, 1) KERNEL(NAME, T, LOAD, 6, 1)                         \
     KERNEL(NAME, T, LOAD, 1, 2) KERNEL(NAME, T, LOAD, 2, 2)                                                     \
-    static const kernel_fn NAME##_one[MAX_ROWS + 1] = {0,          NAME##_1_1, NAME##_2_1, NAME##_3_1,          \
-                                                       NAME##_4_1, NAME##_5_1, NAME##_6_1};                     \
+    static const kernel_fn NAME##_one[MAX_ROWS + 1] = {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1,       \
+                                                       NAME##_5_1, NAME##_6_1};                                 \
     static const kernel_fn NAME##_two[PAIR_ROWS + 1] = {0, NAME##_1_2, NAME##_2_2};
 #endif
 
