@@ -109,6 +109,8 @@ def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
     ("specviz.training.export", ["--run", "/no/such/run", "--dest", "{tmp}/dest"], "metrics.json is missing"),
     ("tools.draft_forward", ["--context", "-1"], "--context must be 1 or more"),
     ("tools.thin_rows", ["--rows", "0"], "--rows must be 1 or more"),
+    ("tools.attention_ab", ["--contexts", "100,x"], "--contexts takes comma-separated whole numbers"),
+    ("tools.attention_ab", ["--width", "65"], "--width must be at most 64"),
     ("tools.ui_perf", ["--category", "nope"], "--category 'nope' has no example prompt"),
     ("tools.served_cost", ["--url", "http://127.0.0.1:9", "--contexts", "0"], "--contexts takes context lengths"),
     ("tools.served_cost", ["--url", "http://127.0.0.1:9"], "cannot reach the server"),

@@ -1,4 +1,5 @@
-"""The fast path's attention: transformers' SDPA with grouped-query heads passed to torch's kernel as they are.
+"""The fast path's SDPA (where its float32 kernel does not run: ``test_verify_attention``): transformers' SDPA with
+grouped-query heads passed to torch's kernel as they are.
 
 It must compute exactly what transformers' SDPA computes where it takes over (masked forwards of several tokens:
 chains and trees on top of a cache), and hand everything else to transformers' own function.
@@ -13,7 +14,7 @@ from specviz.engine import cache as kv
 from specviz.engine.attention import attention_implementation
 from specviz.engine.tree import DraftTree
 from specviz.engine.verify import forward_tree, masked_forward, prefill
-from specviz.models import fast_forward, grouped_sdpa
+from specviz.models import grouped_sdpa
 
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17, 8, 30]
 
@@ -66,13 +67,3 @@ def test_one_token_and_prefill_match_transformers_sdpa():
         with attention_implementation(net, grouped_sdpa.NAME):
             prefill_grouped = net(input_ids=ids).logits
         assert torch.equal(net(input_ids=ids).logits, prefill_grouped)
-
-
-@pytest.mark.skipif(tiny.DEVICE != "cpu", reason="the fast forward runs on the CPU only")
-def test_fast_copy_switches_sdpa_models_only():
-    assert grouped_sdpa.supported()  # the pinned CPU wheel (torch 2.13) has the grouped fused kernel
-    net = tiny.model("llama", 64, layers=1, attention="sdpa")
-    assert fast_forward.fast_copy(net).config._attn_implementation == grouped_sdpa.NAME
-    assert net.config._attn_implementation == "sdpa"  # the loaded model keeps transformers' own attention
-    eager = tiny.model("llama", 64, layers=1, attention="eager")
-    assert fast_forward.fast_copy(eager).config._attn_implementation == "eager"

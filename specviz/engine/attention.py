@@ -31,9 +31,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specviz.models import cascade_attention
-from specviz.models.device import CASCADE, GROUPED_SDPA
+from specviz.models.device import CASCADE, GROUPED_SDPA, VERIFY_ATTENTION
 
-MASK_CAPABLE = {"sdpa", "eager", GROUPED_SDPA}
+MASK_CAPABLE = {"sdpa", "eager", GROUPED_SDPA, VERIFY_ATTENTION}
 #: Backends that take a 4D mask when its first ``kv - q`` columns are all visible.
 SHARED_PREFIX_MASK_CAPABLE = {CASCADE}
 

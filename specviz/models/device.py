@@ -19,12 +19,14 @@ import torch
 
 from specviz import settings
 from specviz.errors import SpecvizError
-from specviz.models import grouped_sdpa
+from specviz.models import grouped_sdpa, verify_attention
 
 #: transformers' name for cascade attention (registered by ``specviz.models.cascade_attention.register``).
 CASCADE = "specviz_cascade"
 #: transformers' name for the fast CPU path's SDPA, grouped-query heads passed through (``models.grouped_sdpa``).
 GROUPED_SDPA = grouped_sdpa.NAME
+#: transformers' name for the fast CPU path's float32 attention through the thin library (``models.verify_attention``).
+VERIFY_ATTENTION = verify_attention.NAME
 
 
 @dataclass(frozen=True)

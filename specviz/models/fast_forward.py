@@ -15,8 +15,11 @@ three and no state between the calls. That relies on the parent reading its inpu
 which holds for the transformers architectures declared in ``ARCHITECTURES`` (tested); their float32 RMSNorms
 (fp32 upcast, mean of squares, rsqrt, scale) also run as one ``F.rms_norm`` call, the same result bit for bit
 (tested). A model of another architecture keeps its own norms and runs each projection through the kernel alone.
-A model on transformers' SDPA attention runs ``specviz_grouped_sdpa`` instead (``specviz.models.grouped_sdpa``): the
-same kernel without copying every layer's cache per forward to repeat grouped key/value heads.
+A float32 model on transformers' SDPA attention runs ``specviz_verify_attention`` instead
+(``specviz.models.verify_attention``: the thin library attends a step's or a verify's few new tokens over the cache,
+each row over its own visible positions) where the library built, else ``specviz_grouped_sdpa``
+(``specviz.models.grouped_sdpa``): torch's kernel without copying every layer's cache per forward to repeat grouped
+key/value heads.
 
 ``fast_copy`` leaves the loaded model as it is (transformers' reference rows, training and drafters that borrow the
 target's embedding use it) and returns a structural copy that shares every parameter tensor; only the packed or
@@ -36,7 +39,7 @@ import torch
 from torch import nn
 
 from specviz.errors import SpecvizError
-from specviz.models import grouped_sdpa
+from specviz.models import grouped_sdpa, verify_attention
 from specviz.models.linear_backend import KernelChoice, LinearKernel, choose
 
 _MARK = "_specviz_fast_forward"
@@ -77,12 +80,21 @@ def fast_copy(model: nn.Module, *, thin: bool | None = None) -> nn.Module:
             module.forward = MethodType(_through_kernel, module)
         elif norm is not None and isinstance(module, norm) and module.weight.dtype == torch.float32:
             module.forward = MethodType(_rms_norm, module)
-    if getattr(fast.config, "_attn_implementation", None) == "sdpa" and grouped_sdpa.supported():
-        grouped_sdpa.register()
-        fast.set_attn_implementation(grouped_sdpa.NAME)
+    if getattr(fast.config, "_attn_implementation", None) == "sdpa":
+        if verify_attention.usable(parameter.dtype, parameter.device, head_dim(fast.config)) is None:
+            verify_attention.register()
+            fast.set_attn_implementation(verify_attention.NAME)
+        elif grouped_sdpa.supported():
+            grouped_sdpa.register()
+            fast.set_attn_implementation(grouped_sdpa.NAME)
     setattr(fast, _MARK, True)
     fast.kernel_choice = choice.to_dict()
     return fast
+
+
+def head_dim(config) -> int:
+    """The attention head size of a transformers config (``head_dim`` where set, else hidden size / heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def is_fast(model: nn.Module) -> bool:

@@ -189,19 +189,26 @@ void thin_linear_i8(const float *x, const int8_t *packed, const float *scale, co
     run(i8_one, i8_two, sizeof(int8_t), x, packed, scale, bias, y, m, n, k);
 }
 
-/* ---- decode attention ----------------------------------------------------------------------------------------
+/* ---- attention over a cache ----------------------------------------------------------------------------------
  *
- * One query per row (a decoding step of many answers at once, specviz/training/slot_decoder.py) against that row's
- * cached keys and values in bfloat16, every sum in float32. Torch's batched products read a slice of the cache
- * buffer only after copying it (the slice is not contiguous) and keep the scores in bfloat16; here each row reads
- * its own keys and values once, up to its own length, and the query heads that share a key/value head (grouped-query
- * attention) are all scored against each key as it is read. Softmax is online (attend_row); exp is a polynomial
- * accurate to about one float32 ulp on the range softmax uses. Called only from the torch operator
- * specviz::decode_attention (specviz/models/decode_attention.py), which checks every argument.
+ * A few query rows, each against its own list of cached positions, every sum in float32; the query heads that
+ * share a key/value head (grouped-query attention) are all scored against each key as it is read, and each key and
+ * value is read once per row. Two callers, one loop (attend_row):
  *
- * q: [rows, kv_heads, group, dim] float32; keys, values: [slots, kv_heads, capacity, dim] bfloat16 (row r reads
- * its slot, positions 0 .. lengths[r]: a decoding step has one row per slot, a prefill one per prompt position);
- * out: [rows, kv_heads, group, dim] float32. All contiguous; dim a multiple of 2 * LANES (thin_lanes()). */
+ * - decode_attention_bf16 (specviz::decode_attention, specviz/models/decode_attention.py): one query per row (a
+ *   decoding step of many answers at once, specviz/training/slot_decoder.py) against that row's cache slot in
+ *   bfloat16, positions 0 .. lengths[r]. Torch's batched products read a slice of the cache buffer only after
+ *   copying it (the slice is not contiguous) and keep the scores in bfloat16.
+ * - verify_attention_f32 (specviz::verify_attention, specviz/models/verify_attention.py): the target's own float32
+ *   cache, the new tokens of a plain step or a verify forward: row r sees the committed positions 0 .. prefix - 1,
+ *   then its own visible new positions (a chain's earlier tokens, a tree node's ancestors) in cache order.
+ *
+ * A row's result depends only on the keys and values of its own positions, in their order: they are read in
+ * blocks of BLOCK counted from the row's first position, whatever the other rows see. So a verify row whose
+ * positions are the ones a one-token step would see gets that step's output bit for bit. Softmax is online; exp is
+ * a polynomial accurate to about one float32 ulp on the range softmax uses. Both entries are called only from their
+ * torch operators, which check every argument. dim is a multiple of LANES (thin_lanes()) for a float32 cache, of
+ * 2 * LANES for a bfloat16 one. */
 
 #ifdef __AVX512F__
 #define MAX(a, b) ((vec)_mm512_max_ps((__m512)(a), (__m512)(b)))
@@ -244,91 +251,145 @@ static inline vec exp_nonpositive(vec x) {
     return p * (vec)bits;
 }
 
-/* A bfloat16 value is the top half of a float32, so 2 * LANES of them loaded as LANES 32-bit words widen by a shift
- * (the even elements: each word's low half) and a mask (the odd ones: its high half), with no shuffle. Query and
- * output are kept in that even/odd order; the sums are the same. */
+/* A head vector is read in chunks of registers. Float32: one register of LANES values as they lie. bfloat16: the top
+ * half of a float32, so 2 * LANES of them loaded as LANES 32-bit words widen by a shift (the even elements: each
+ * word's low half) and a mask (the odd ones: its high half) into two registers, with no shuffle; the query and the
+ * output are then kept in that even/odd order (the sums are the same). */
+#define BLOCK 32 /* positions per softmax step: a few vectors of scores */
 #define EVEN(words) ((vec)((words) << 16))
 #define ODD(words) ((vec)((words) & (int32_t)0xFFFF0000))
+#define PARTS(wide) ((wide) ? 1 : 2) /* registers per chunk */
 
-/* One (row, key/value head): its `group` query heads against positions 0 .. span - 1, in blocks of LANES
- * positions, each block's keys and then its values read once (two streams read side by side, so neither waits for
- * memory alone). Softmax is online: each block's weights are e^(score - the largest score so far), and what was
- * summed before a larger score arrived is scaled down by e^(old - new largest). Inlined per group and head size, so
- * the query heads' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void load_chunk(const void *restrict base, long at, const int wide,
+                                                             vec *restrict part) {
+    if (wide) {
+        part[0] = LOAD_F32((const float *)base + at);
+    } else {
+        ivec words = *(const ivec *)((const uint16_t *)base + at);
+        part[0] = EVEN(words);
+        part[1] = ODD(words);
+    }
+}
+
+/* Where a chunk's i-th register lane (counting on through its registers) lies in the head vector. */
+static inline __attribute__((always_inline)) long lane_at(long i, const int wide) {
+    return wide ? i : i < LANES ? 2 * i : 2 * (i - LANES) + 1;
+}
+
+/* LANES vectors' lane sums, as one vector (lane t: the sum of partial[t]'s lanes). AVX2: a tree of horizontal adds
+ * that transposes as it sums (7 operations for 8 vectors); AVX-512: one reduction per vector. */
+static inline __attribute__((always_inline)) vec lanes_summed(const vec *partial) {
+#ifdef __AVX512F__
+    float sums[LANES] __attribute__((aligned(64)));
+    for (long t = 0; t < LANES; t++) sums[t] = hsum(partial[t]);
+    return LOAD_F32(sums);
+#else
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps((__m256)partial[0], (__m256)partial[1]),
+                              _mm256_hadd_ps((__m256)partial[2], (__m256)partial[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps((__m256)partial[4], (__m256)partial[5]),
+                              _mm256_hadd_ps((__m256)partial[6], (__m256)partial[7]));
+    return (vec)_mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+#endif
+}
+
+/* One (row, key/value head): its `group` query heads against `span` positions, the first `prefix` of them 0 ..
+ * prefix - 1 and the rest extras[0 ..], in blocks of BLOCK positions. Each query head takes the block in turn (its
+ * keys and values stay in L1 meanwhile): its scores, then its weighted values, with the head's query and output in
+ * registers. Softmax is online: each block's weights are e^(score - the largest score so far), and what was summed
+ * before a larger score arrived is scaled down by e^(old - new largest). Inlined per cache format, group and head
+ * size, so the loops unroll. */
 static inline __attribute__((always_inline)) void
-attend_row(const float *restrict q, const uint16_t *restrict keys, const uint16_t *restrict values,
-           float *restrict out, long span, const long group, const long dim, float scale) {
-    const long pairs = dim / (2 * LANES);
-    vec query[group][pairs][2], acc[group][pairs][2];
+attend_row(const float *restrict q, const void *restrict keys, const void *restrict values, float *restrict out,
+           long span, long prefix, const int32_t *restrict extras, const int wide, const long group, const long dim,
+           float scale) {
+    const long parts = PARTS(wide), chunk = parts * LANES, chunks = dim / chunk, vectors = dim / LANES;
+    vec query[group][vectors], acc[group][vectors];
     float top[group], total[group];
     for (long j = 0; j < group; j++) {
         top[j] = -1e30f;
         total[j] = 0;
-        for (long p = 0; p < pairs; p++) { /* through plain arrays: indexing a vector's lanes would keep the
-                                             * accumulators out of registers */
-            float even[LANES], odd[LANES];
-            for (long i = 0; i < LANES; i++) {
-                even[i] = q[j * dim + p * 2 * LANES + 2 * i] * scale;
-                odd[i] = q[j * dim + p * 2 * LANES + 2 * i + 1] * scale;
+        for (long c = 0; c < chunks; c++) { /* through a plain array: indexing a vector's lanes would keep the
+                                              * accumulators out of registers */
+            float lanes[2 * LANES];
+            for (long i = 0; i < chunk; i++) lanes[i] = q[j * dim + c * chunk + lane_at(i, wide)] * scale;
+            for (long r = 0; r < parts; r++) {
+                query[j][c * parts + r] = LOAD_F32(lanes + r * LANES);
+                acc[j][c * parts + r] = (vec){0};
             }
-            query[j][p][0] = LOAD_F32(even);
-            query[j][p][1] = LOAD_F32(odd);
-            acc[j][p][0] = acc[j][p][1] = (vec){0};
         }
     }
-    for (long first = 0; first < span; first += LANES) {
-        long count = span - first < LANES ? span - first : LANES;
-        float weights[group][LANES] __attribute__((aligned(64)));
-        for (long t = 0; t < LANES; t++) { /* every query head against each key of the block, read once */
-            const uint16_t *key = keys + (first + t) * dim;
-            vec sum[group];
-            for (long j = 0; j < group; j++) sum[j] = (vec){0};
-            if (t < count)
-                for (long p = 0; p < pairs; p++) {
-                    ivec words = *(const ivec *)(key + p * 2 * LANES);
-                    vec even = EVEN(words), odd = ODD(words);
-                    for (long j = 0; j < group; j++) sum[j] += query[j][p][0] * even + query[j][p][1] * odd;
-                }
-            for (long j = 0; j < group; j++) weights[j][t] = t < count ? hsum(sum[j]) : -1e30f;
-        }
+    for (long first = 0; first < span; first += BLOCK) {
+        long count = span - first < BLOCK ? span - first : BLOCK;
+        long at[BLOCK]; /* where each position of the block starts in the cache (past the span: position 0's) */
+        for (long t = 0; t < BLOCK; t++)
+            at[t] = t >= count ? 0 : (first + t < prefix ? first + t : extras[first + t - prefix]) * dim;
         for (long j = 0; j < group; j++) {
-            vec scores = LOAD_F32(weights[j]);
-            float largest = hmax(scores) > top[j] ? hmax(scores) : top[j];
-            vec rescale = exp_nonpositive((vec){0} + (top[j] - largest));
-            vec w = exp_nonpositive(scores - largest); /* the padding's weights are ~1e-38 */
-            *(vec *)weights[j] = w;
-            total[j] = total[j] * rescale[0] + hsum(w);
-            top[j] = largest;
-            for (long p = 0; p < pairs; p++) {
-                acc[j][p][0] *= rescale;
-                acc[j][p][1] *= rescale;
-            }
-        }
-        for (long t = 0; t < count; t++) { /* every query head's weighted values, each value read once */
-            const uint16_t *value = values + (first + t) * dim;
-            for (long p = 0; p < pairs; p++) {
-                ivec words = *(const ivec *)(value + p * 2 * LANES);
-                vec even = EVEN(words), odd = ODD(words);
-                for (long j = 0; j < group; j++) {
-                    acc[j][p][0] += weights[j][t] * even;
-                    acc[j][p][1] += weights[j][t] * odd;
+            float weights[BLOCK] __attribute__((aligned(64)));
+            vec scores[BLOCK / LANES], largest = (vec){0} + top[j];
+            for (long s = 0; s < BLOCK / LANES; s++) {
+                vec partial[LANES];
+                _Pragma("GCC unroll 16") for (long t = 0; t < LANES; t++) { /* the head's query against each key:
+                                                                             * 2 * LANES chains at once */
+                    vec sums[2] = {(vec){0}, (vec){0}};
+                    for (long c = 0; c < chunks; c++) {
+                        vec part[2];
+                        load_chunk(keys, at[s * LANES + t] + c * chunk, wide, part);
+                        for (long r = 0; r < parts; r++)
+                            sums[(c * parts + r) & 1] += query[j][c * parts + r] * part[r];
+                    }
+                    partial[t] = sums[0] + sums[1];
                 }
+                *(vec *)(weights + s * LANES) = lanes_summed(partial);
             }
+            for (long t = count; t < BLOCK; t++) weights[t] = -1e30f;
+            for (long s = 0; s < BLOCK / LANES; s++) {
+                scores[s] = LOAD_F32(weights + s * LANES);
+                largest = MAX(largest, scores[s]);
+            }
+            float new_top = hmax(largest);
+            vec rescale = exp_nonpositive((vec){0} + (top[j] - new_top)), sum = (vec){0};
+            for (long s = 0; s < BLOCK / LANES; s++) { /* the padding's weights are ~1e-38 */
+                vec w = exp_nonpositive(scores[s] - new_top);
+                *(vec *)(weights + s * LANES) = w;
+                sum += w;
+            }
+            total[j] = total[j] * rescale[0] + hsum(sum);
+            top[j] = new_top;
+            for (long v = 0; v < vectors; v++) acc[j][v] *= rescale;
+            for (long t = 0; t < count; t++) /* the head's weighted values */
+                for (long c = 0; c < chunks; c++) {
+                    vec part[2];
+                    load_chunk(values, at[t] + c * chunk, wide, part);
+                    for (long r = 0; r < parts; r++) acc[j][c * parts + r] += weights[t] * part[r];
+                }
         }
     }
     for (long j = 0; j < group; j++)
-        for (long p = 0; p < pairs; p++) {
-            float even[LANES], odd[LANES];
-            *(vec *)even = acc[j][p][0] / total[j];
-            *(vec *)odd = acc[j][p][1] / total[j];
-            for (long i = 0; i < LANES; i++) {
-                out[j * dim + p * 2 * LANES + 2 * i] = even[i];
-                out[j * dim + p * 2 * LANES + 2 * i + 1] = odd[i];
-            }
+        for (long c = 0; c < chunks; c++) {
+            float lanes[2 * LANES];
+            for (long r = 0; r < parts; r++) *(vec *)(lanes + r * LANES) = acc[j][c * parts + r] / total[j];
+            for (long i = 0; i < chunk; i++) out[j * dim + c * chunk + lane_at(i, wide)] = lanes[i];
         }
 }
 
-/* slots: [rows] int64, the cache slot each row reads (NULL: row r reads slot r). */
+/* The common shapes inlined with constant sizes, so their loops unroll into registers; ATTEND(group, dim). */
+#define SIZES(ATTEND, G) if (dim == 64) ATTEND(G, 64); else if (dim == 128) ATTEND(G, 128); else ATTEND(G, dim)
+#define BY_SHAPE(ATTEND)                                                                                        \
+    switch (group) {                                                                                            \
+    case 1: SIZES(ATTEND, 1); break;                                                                            \
+    case 2: SIZES(ATTEND, 2); break;                                                                            \
+    case 3: SIZES(ATTEND, 3); break;                                                                            \
+    case 4: SIZES(ATTEND, 4); break;                                                                            \
+    case 5: SIZES(ATTEND, 5); break;                                                                            \
+    case 6: SIZES(ATTEND, 6); break;                                                                            \
+    case 7: SIZES(ATTEND, 7); break;                                                                            \
+    case 8: SIZES(ATTEND, 8); break;                                                                            \
+    default: ATTEND(group, dim);                                                                                \
+    }
+
+/* q, out: [rows, kv_heads, group, dim] float32; keys, values: [slots, kv_heads, capacity, dim] bfloat16 (row r
+ * reads slot slots[r], or r when slots is NULL, positions 0 .. lengths[r]: a decoding step has one row per slot, a
+ * prefill one per prompt position). All contiguous. */
 void decode_attention_bf16(const float *q, const uint16_t *keys, const uint16_t *values, const int64_t *lengths,
                            const int64_t *slots, float *out, long rows, long kv_heads, long group, long dim,
                            long capacity, float scale) {
@@ -338,20 +399,40 @@ void decode_attention_bf16(const float *q, const uint16_t *keys, const uint16_t 
         const long cache = ((slots ? slots[row] : row) * kv_heads + head) * capacity * dim;
         const float *query = q + task * group * dim;
         float *result = out + task * group * dim;
-#define ATTEND(G, D) attend_row(query, keys + cache, values + cache, result, span, G, D, scale)
-#define SIZES(G) if (dim == 64) ATTEND(G, 64); else if (dim == 128) ATTEND(G, 128); else ATTEND(G, dim)
-        switch (group) { /* the common shapes inlined with constant sizes, so their loops unroll into registers */
-        case 1: SIZES(1); break;
-        case 2: SIZES(2); break;
-        case 3: SIZES(3); break;
-        case 4: SIZES(4); break;
-        case 5: SIZES(5); break;
-        case 6: SIZES(6); break;
-        case 7: SIZES(7); break;
-        case 8: SIZES(8); break;
-        default: ATTEND(group, dim);
-        }
-#undef SIZES
+#define ATTEND(G, D) attend_row(query, keys + cache, values + cache, result, span, span, 0, 0, G, D, scale)
+        BY_SHAPE(ATTEND)
 #undef ATTEND
     }
+}
+
+/* q, out: [rows, kv_heads, group, dim] float32, contiguous; keys, values: float32, head h's position t at
+ * h * head_stride + t * dim (a preallocated cache: head_stride = capacity * dim), t < length; row r sees positions
+ * 0 .. prefix - 1, then extras[r * max_extra + i] for i < counts[r]. Returns how many rows it refused (a position
+ * outside the cache, a count outside 0 .. max_extra, or no position at all), having computed nothing then. */
+long verify_attention_f32(const float *q, const float *keys, const float *values, const int32_t *extras,
+                          const int64_t *counts, float *out, long rows, long kv_heads, long group, long dim,
+                          long head_stride, long length, long prefix, long max_extra, float scale) {
+    long refused = 0;
+    for (long row = 0; row < rows; row++) {
+        int bad = prefix < 0 || prefix > length || counts[row] < 0 || counts[row] > max_extra
+                  || prefix + counts[row] < 1;
+        for (long i = 0; !bad && i < counts[row]; i++)
+            bad = extras[row * max_extra + i] < 0 || extras[row * max_extra + i] >= length;
+        refused += bad;
+    }
+    if (refused)
+        return refused;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (long task = 0; task < rows * kv_heads; task++) {
+        long row = task / kv_heads, head = task % kv_heads, span = prefix + counts[row];
+        const int32_t *own = extras + row * max_extra;
+        const float *query = q + task * group * dim;
+        float *result = out + task * group * dim;
+#define ATTEND(G, D)                                                                                            \
+    attend_row(query, keys + head * head_stride, values + head * head_stride, result, span, prefix, own, 1, G, D, \
+               scale)
+        BY_SHAPE(ATTEND)
+#undef ATTEND
+    }
+    return 0;
 }

@@ -1,8 +1,9 @@
-"""The thin kernel's shared library: a matrix product for thin inputs (1 to a few dozen rows), and attention for
-one query per row against a bfloat16 cache, built for this machine on first use. Torch code reaches it only through
-the operators ``specviz::thin_linear`` (``specviz.models.linear_ops``) and ``specviz::decode_attention``
-(``specviz.models.decode_attention``), which check their arguments and are what the profiler and ``torch.compile``
-see.
+"""The thin kernel's shared library: a matrix product for thin inputs (1 to a few dozen rows), and attention of
+a few query rows over a cache (bfloat16 for the slot decoder, the target's own float32 one for a step or a verify),
+built for this machine on first use. Torch code reaches it only through the operators ``specviz::thin_linear``
+(``specviz.models.linear_ops``), ``specviz::decode_attention`` (``specviz.models.decode_attention``) and
+``specviz::verify_attention`` (``specviz.models.verify_attention``), which check their arguments and are what the
+profiler and ``torch.compile`` see.
 
 A target forward in speculative decoding multiplies each weight matrix by 1 (a plain step) to k + 1 or a tree's
 width (a verify) rows. On CPUs the library kernels are tuned for square-ish products and their cost grows with the
@@ -10,8 +11,8 @@ number of rows (BENCHMARKS.md, "Verify cost"). ``thin_kernel.c`` streams each we
 panels, while every row of the input is multiplied against it in registers, so a product's cost stays near the time
 it takes to read the weights until the rows' arithmetic overtakes it. Each output is the same sum in the same order
 for any number of rows, so a verify forward's linear products give each token's row bit for bit as a one-token
-step's do (its logits still differ in the last bits: attention and the norms see other shapes;
-docs/bench-log/notes.md).
+step's do; with the attention here (each row over its own positions, whatever the other rows see) a whole verify
+row's logits are the step's, bit for bit (``specviz.models.verify_attention``).
 
 The C source ships with specviz and is compiled on first use with the machine's C compiler (``cc``, or ``$CC``),
 ``-O3 -march=native -fopenmp``, into ``~/.cache/specviz/kernels`` (``SPECVIZ_KERNEL_DIR``), keyed by the source, the
@@ -45,8 +46,8 @@ PANEL = 16
 
 
 class ThinKernel:
-    """The loaded library: its products by weight dtype (float32, int8), its register-block sizes and its decode
-    attention. Called only by the operators, which check the arguments these raw pointers cannot."""
+    """The loaded library: its products by weight dtype (float32, int8), its register-block sizes and its two
+    attentions. Called only by the operators, which check the arguments these raw pointers cannot."""
 
     def __init__(self, library: ctypes.CDLL, path: Path):
         self.path = path
@@ -62,6 +63,11 @@ class ThinKernel:
         self.decode_attention = library.decode_attention_bf16
         self.decode_attention.argtypes = [pointer] * 6 + [size] * 5 + [ctypes.c_float]
         self.decode_attention.restype = None
+        #: verify_attention(q, keys, values, extras, counts, out, rows, kv_heads, group, dim, head_stride, length,
+        #: prefix, max_extra, scale) -> how many rows' positions it refused (none computed then)
+        self.verify_attention = library.verify_attention_f32
+        self.verify_attention.argtypes = [pointer] * 6 + [size] * 8 + [ctypes.c_float]
+        self.verify_attention.restype = ctypes.c_long
         self.lanes = int(library.thin_lanes())  # floats per vector: attention's head size is a multiple of it
         if int(library.thin_panel()) != PANEL:
             raise AttributeError(f"its panel holds {library.thin_panel()} outputs, not {PANEL}")
