@@ -12,16 +12,27 @@ import pytest
 import tiny
 import torch
 
+from specviz import api
 from specviz.engine import cache as kv
 from specviz.engine.attention import attention_implementation
 from specviz.engine.tree import DraftTree
 from specviz.engine.verify import masked_forward, prefill, tree_visibility
 from specviz.errors import SpecvizError
-from specviz.models import fast_forward, grouped_sdpa, thin_kernel, verify_attention
+from specviz.models import (
+    DEFAULT_TARGET,
+    embedded,
+    fast_forward,
+    get_entry,
+    grouped_sdpa,
+    thin_kernel,
+    verify_attention,
+)
 from specviz.models.verify_attention import Visibility
 
 KERNEL = thin_kernel.load()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason=f"thin kernel unavailable: {thin_kernel.unavailable_reason()}")
+DEFAULT_ENTRY = get_entry(DEFAULT_TARGET)
+EMBEDDED_HERE = embedded.available(DEFAULT_ENTRY.package or "", DEFAULT_ENTRY.location, DEFAULT_ENTRY.wheel) is not None
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 40, 3, 17, 8, 30, 11, 2, 19, 44, 6, 3, 17, 5, 9, 50, 12, 7]
 
 
@@ -159,6 +170,23 @@ def test_every_verify_row_is_the_one_token_step_bit_for_bit(arch):
     path = _forward(net, cache, [4, 21, 33, 2], past)
     assert torch.equal(rows[0], steps[0]) and torch.equal(rows[1], steps[1]) and torch.equal(rows[3], steps[2])
     assert torch.equal(rows[4], path[3])
+
+
+@pytest.mark.skipif(not EMBEDDED_HERE, reason="the embedded default target is neither installed nor fetched")
+def test_the_default_targets_tree_verify_rows_are_its_steps_bit_for_bit():
+    """The shipped default (SmolLM2-135M, 64-wide heads, 3 query heads a key/value head) on a chat prompt: the
+    pending token's row and a tree node's row are the one-token steps' logits along the same text, bit for bit."""
+    target = api.load_target("smollm2-135m")
+    net = target.model
+    assert net.config._attn_implementation == verify_attention.NAME
+    prompt = target.encode_prompt("Explain what a hash map is.", chat=True)
+    cache = kv.new_cache(net, len(prompt) + 8, target.name, preallocate=True)
+    prefill(net, cache, prompt[:-1])
+    past = len(prompt) - 1
+    tree = DraftTree(tokens=[330, 2135, 314], parents=[-1, -1, 0])  # node 2's path: pending, 330, 314
+    rows = _forward(net, cache, [prompt[-1]], past, tree)
+    steps = [masked_forward(net, cache, [token], [past + i], None)[0] for i, token in enumerate([prompt[-1], 330, 314])]
+    assert torch.equal(rows[0], steps[0]) and torch.equal(rows[1], steps[1]) and torch.equal(rows[3], steps[2])
 
 
 @pytest.mark.skipif(tiny.DEVICE != "cpu", reason="the fast forward runs on the CPU only")
