@@ -191,7 +191,8 @@ def test_the_default_targets_tree_verify_rows_are_its_steps_bit_for_bit():
 
 @pytest.mark.skipif(tiny.DEVICE != "cpu", reason="the fast forward runs on the CPU only")
 def test_calls_it_does_not_take_run_grouped_sdpa(monkeypatch):
-    """A prefill longer than ``MAX_ROWS`` and dropout go to ``specviz_grouped_sdpa``, with its results."""
+    """A prefill longer than ``MAX_ROWS``, dropout, keys whose positions are not contiguous and more rows than keys
+    go to ``specviz_grouped_sdpa``, with its results."""
     net = fast_forward.fast_copy(tiny.model("llama", 64, layers=2, hidden=128, scale=25))
     ids = torch.tensor([(PROMPT * 4)[: verify_attention.MAX_ROWS + 1]])
     with torch.inference_mode():
@@ -199,9 +200,14 @@ def test_calls_it_does_not_take_run_grouped_sdpa(monkeypatch):
             reference = net(input_ids=ids).logits
         monkeypatch.setattr(verify_attention, "attend", _refuse)
         assert torch.equal(net(input_ids=ids).logits, reference)
+        layer = net.model.layers[0].self_attn
         query, keys = _query(2, 4, 32), _cache(2, 10, 32, capacity=10)
-        out, _ = verify_attention.attention_forward(net.model.layers[0].self_attn, query, *keys, None, dropout=0.5)
+        out, _ = verify_attention.attention_forward(layer, query, *keys, None, dropout=0.5)
         assert out.shape == (1, 2, 4, 32)
+        strided = [k.transpose(2, 3).contiguous().transpose(2, 3) for k in keys]  # positions not contiguous
+        for arguments in ((query, *strided, None), (_query(12, 4, 32), *keys, None)):  # more rows than keys
+            out, _ = verify_attention.attention_forward(layer, *arguments)
+            assert torch.equal(out, grouped_sdpa.grouped_sdpa_forward(layer, *arguments)[0])
 
 
 def _refuse(*args, **kwargs):

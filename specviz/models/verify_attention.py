@@ -86,7 +86,7 @@ class Visibility:
     def of_mask(cls, mask: torch.Tensor, rows: int, kv: int) -> Visibility | None:
         """From transformers' ``[1, 1, rows, kv]`` mask (bool: True = attend; float: 0 = attend, its dtype's
         minimum or -inf = not), or None where it is not a shared prefix and a block of new tokens the kernel reads."""
-        if tuple(mask.shape) != (1, 1, rows, kv):
+        if tuple(mask.shape) != (1, 1, rows, kv) or kv < rows:
             return None
         grid = mask[0, 0]
         if grid.dtype == torch.bool:
@@ -116,7 +116,10 @@ def visibility(mask: torch.Tensor | None, rows: int, kv: int) -> Visibility | No
     last = _last
     if last is not None and last[0] is mask and last[1:3] == (rows, kv):
         return last[3]
-    found = Visibility.causal(rows, kv) if mask is None else Visibility.of_mask(mask, rows, kv)
+    if mask is None:
+        found = Visibility.causal(rows, kv) if kv >= rows else None
+    else:
+        found = Visibility.of_mask(mask, rows, kv)
     _last = (mask, rows, kv, found)
     return found
 
@@ -128,7 +131,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     included) -> ``([B, q, H, D], None)``; through the kernel where it takes the call, else ``grouped_sdpa``."""
     batch, heads, rows, dim = query.shape
     kv = key.shape[2]
-    if (batch == 1 and rows <= MAX_ROWS and _projected(query) and query.dtype == torch.float32 and not dropout
+    if (batch == 1 and rows <= MAX_ROWS and _projected(query) and not dropout and query.is_cpu
+            and query.dtype == key.dtype == value.dtype == torch.float32
+            and key.stride()[2:] == (dim, 1) and key.stride() == value.stride()
             and (attention_mask is not None or rows == 1 or (kwargs.get("is_causal", True)
                                                              and getattr(module, "is_causal", True)))
             and not any(kwargs.get(name) is not None for name in _SPECIAL)):
