@@ -191,24 +191,23 @@ void thin_linear_i8(const float *x, const int8_t *packed, const float *scale, co
 
 /* ---- attention over a cache ----------------------------------------------------------------------------------
  *
- * A few query rows, each against its own list of cached positions, every sum in float32; the query heads that
- * share a key/value head (grouped-query attention) are all scored against each key as it is read, and each key and
- * value is read once per row. Two callers, one loop (attend_row):
+ * A few query rows, each against its own list of cached positions, every sum in float32, the query heads that share
+ * a key/value head (grouped-query attention) served by one read of each key and value from memory. Two entries, each
+ * called only from its torch operator, which checks every argument:
  *
  * - decode_attention_bf16 (specviz::decode_attention, specviz/models/decode_attention.py): one query per row (a
  *   decoding step of many answers at once, specviz/training/slot_decoder.py) against that row's cache slot in
- *   bfloat16, positions 0 .. lengths[r]. Torch's batched products read a slice of the cache buffer only after
- *   copying it (the slice is not contiguous) and keep the scores in bfloat16.
+ *   bfloat16, positions 0 .. lengths[r] (decode_row). Torch's batched products read a slice of the cache buffer only
+ *   after copying it (the slice is not contiguous) and keep the scores in bfloat16.
  * - verify_attention_f32 (specviz::verify_attention, specviz/models/verify_attention.py): the target's own float32
  *   cache, the new tokens of a plain step or a verify forward: row r sees the committed positions 0 .. prefix - 1,
- *   then its own visible new positions (a chain's earlier tokens, a tree node's ancestors) in cache order.
+ *   then its own visible new positions (a chain's earlier tokens, a tree node's ancestors) in cache order
+ *   (verify_row). A row's result depends only on the keys and values of its own positions, in their order: they
+ *   are read in blocks counted from the row's first position, whatever the other rows see, so a verify row whose
+ *   positions are the ones a one-token step would see gets that step's output bit for bit.
  *
- * A row's result depends only on the keys and values of its own positions, in their order: they are read in
- * blocks of BLOCK counted from the row's first position, whatever the other rows see. So a verify row whose
- * positions are the ones a one-token step would see gets that step's output bit for bit. Softmax is online; exp is
- * a polynomial accurate to about one float32 ulp on the range softmax uses. Both entries are called only from their
- * torch operators, which check every argument. dim is a multiple of LANES (thin_lanes()) for a float32 cache, of
- * 2 * LANES for a bfloat16 one. */
+ * Softmax is online; exp is a polynomial accurate to about one float32 ulp on the range softmax uses. The head size is
+ * a multiple of LANES (thin_lanes()) for a float32 cache, of 2 * LANES for a bfloat16 one. */
 
 #ifdef __AVX512F__
 #define MAX(a, b) ((vec)_mm512_max_ps((__m512)(a), (__m512)(b)))
@@ -251,29 +250,88 @@ static inline vec exp_nonpositive(vec x) {
     return p * (vec)bits;
 }
 
-/* A head vector is read in chunks of registers. Float32: one register of LANES values as they lie. bfloat16: the top
- * half of a float32, so 2 * LANES of them loaded as LANES 32-bit words widen by a shift (the even elements: each
- * word's low half) and a mask (the odd ones: its high half) into two registers, with no shuffle; the query and the
- * output are then kept in that even/odd order (the sums are the same). */
-#define BLOCK 32 /* positions per softmax step: a few vectors of scores */
+/* A bfloat16 value is the top half of a float32, so 2 * LANES of them loaded as LANES 32-bit words widen by a shift
+ * (the even elements: each word's low half) and a mask (the odd ones: its high half), with no shuffle. Query and
+ * output are kept in that even/odd order; the sums are the same. */
 #define EVEN(words) ((vec)((words) << 16))
 #define ODD(words) ((vec)((words) & (int32_t)0xFFFF0000))
-#define PARTS(wide) ((wide) ? 1 : 2) /* registers per chunk */
 
-static inline __attribute__((always_inline)) void load_chunk(const void *restrict base, long at, const int wide,
-                                                             vec *restrict part) {
-    if (wide) {
-        part[0] = LOAD_F32((const float *)base + at);
-    } else {
-        ivec words = *(const ivec *)((const uint16_t *)base + at);
-        part[0] = EVEN(words);
-        part[1] = ODD(words);
+/* decode_row: one (row, key/value head) of a bfloat16 cache: its `group` query heads against positions 0 .. span - 1, in blocks of LANES
+ * positions, each block's keys and then its values read once (two streams read side by side, so neither waits for
+ * memory alone). Softmax is online: each block's weights are e^(score - the largest score so far), and what was
+ * summed before a larger score arrived is scaled down by e^(old - new largest). Inlined per group and head size, so
+ * the query heads' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+decode_row(const float *restrict q, const uint16_t *restrict keys, const uint16_t *restrict values,
+           float *restrict out, long span, const long group, const long dim, float scale) {
+    const long pairs = dim / (2 * LANES);
+    vec query[group][pairs][2], acc[group][pairs][2];
+    float top[group], total[group];
+    for (long j = 0; j < group; j++) {
+        top[j] = -1e30f;
+        total[j] = 0;
+        for (long p = 0; p < pairs; p++) { /* through plain arrays: indexing a vector's lanes would keep the
+                                             * accumulators out of registers */
+            float even[LANES], odd[LANES];
+            for (long i = 0; i < LANES; i++) {
+                even[i] = q[j * dim + p * 2 * LANES + 2 * i] * scale;
+                odd[i] = q[j * dim + p * 2 * LANES + 2 * i + 1] * scale;
+            }
+            query[j][p][0] = LOAD_F32(even);
+            query[j][p][1] = LOAD_F32(odd);
+            acc[j][p][0] = acc[j][p][1] = (vec){0};
+        }
     }
-}
-
-/* Where a chunk's i-th register lane (counting on through its registers) lies in the head vector. */
-static inline __attribute__((always_inline)) long lane_at(long i, const int wide) {
-    return wide ? i : i < LANES ? 2 * i : 2 * (i - LANES) + 1;
+    for (long first = 0; first < span; first += LANES) {
+        long count = span - first < LANES ? span - first : LANES;
+        float weights[group][LANES] __attribute__((aligned(64)));
+        for (long t = 0; t < LANES; t++) { /* every query head against each key of the block, read once */
+            const uint16_t *key = keys + (first + t) * dim;
+            vec sum[group];
+            for (long j = 0; j < group; j++) sum[j] = (vec){0};
+            if (t < count)
+                for (long p = 0; p < pairs; p++) {
+                    ivec words = *(const ivec *)(key + p * 2 * LANES);
+                    vec even = EVEN(words), odd = ODD(words);
+                    for (long j = 0; j < group; j++) sum[j] += query[j][p][0] * even + query[j][p][1] * odd;
+                }
+            for (long j = 0; j < group; j++) weights[j][t] = t < count ? hsum(sum[j]) : -1e30f;
+        }
+        for (long j = 0; j < group; j++) {
+            vec scores = LOAD_F32(weights[j]);
+            float largest = hmax(scores) > top[j] ? hmax(scores) : top[j];
+            vec rescale = exp_nonpositive((vec){0} + (top[j] - largest));
+            vec w = exp_nonpositive(scores - largest); /* the padding's weights are ~1e-38 */
+            *(vec *)weights[j] = w;
+            total[j] = total[j] * rescale[0] + hsum(w);
+            top[j] = largest;
+            for (long p = 0; p < pairs; p++) {
+                acc[j][p][0] *= rescale;
+                acc[j][p][1] *= rescale;
+            }
+        }
+        for (long t = 0; t < count; t++) { /* every query head's weighted values, each value read once */
+            const uint16_t *value = values + (first + t) * dim;
+            for (long p = 0; p < pairs; p++) {
+                ivec words = *(const ivec *)(value + p * 2 * LANES);
+                vec even = EVEN(words), odd = ODD(words);
+                for (long j = 0; j < group; j++) {
+                    acc[j][p][0] += weights[j][t] * even;
+                    acc[j][p][1] += weights[j][t] * odd;
+                }
+            }
+        }
+    }
+    for (long j = 0; j < group; j++)
+        for (long p = 0; p < pairs; p++) {
+            float even[LANES], odd[LANES];
+            *(vec *)even = acc[j][p][0] / total[j];
+            *(vec *)odd = acc[j][p][1] / total[j];
+            for (long i = 0; i < LANES; i++) {
+                out[j * dim + p * 2 * LANES + 2 * i] = even[i];
+                out[j * dim + p * 2 * LANES + 2 * i + 1] = odd[i];
+            }
+        }
 }
 
 /* LANES vectors' lane sums, as one vector (lane t: the sum of partial[t]'s lanes). AVX2: a tree of horizontal adds
@@ -292,30 +350,25 @@ static inline __attribute__((always_inline)) vec lanes_summed(const vec *partial
 #endif
 }
 
-/* One (row, key/value head): its `group` query heads against `span` positions, the first `prefix` of them 0 ..
- * prefix - 1 and the rest extras[0 ..], in blocks of BLOCK positions. Each query head takes the block in turn (its
- * keys and values stay in L1 meanwhile): its scores, then its weighted values, with the head's query and output in
- * registers. Softmax is online: each block's weights are e^(score - the largest score so far), and what was summed
- * before a larger score arrived is scaled down by e^(old - new largest). Inlined per cache format, group and head
- * size, so the loops unroll. */
+/* verify_row: one (row, key/value head) of a float32 cache: its `group` query heads against `span` positions, the
+ * first `prefix` of them 0 .. prefix - 1 and the rest extras[0 ..], in blocks of BLOCK positions (the online
+ * softmax's maximum, exponentials and rescaling once a block). Each query head takes the block in turn, its keys and
+ * values in L1 meanwhile: its scores (a tree of horizontal adds turns each key's partial sums into one score), then
+ * its weighted values, with the head's query and output in registers. Inlined per group and head size. */
+#define BLOCK 32
+
 static inline __attribute__((always_inline)) void
-attend_row(const float *restrict q, const void *restrict keys, const void *restrict values, float *restrict out,
-           long span, long prefix, const int32_t *restrict extras, const int wide, const long group, const long dim,
-           float scale) {
-    const long parts = PARTS(wide), chunk = parts * LANES, chunks = dim / chunk, vectors = dim / LANES;
+verify_row(const float *restrict q, const float *restrict keys, const float *restrict values, float *restrict out,
+           long span, long prefix, const int32_t *restrict extras, const long group, const long dim, float scale) {
+    const long vectors = dim / LANES;
     vec query[group][vectors], acc[group][vectors];
     float top[group], total[group];
     for (long j = 0; j < group; j++) {
         top[j] = -1e30f;
         total[j] = 0;
-        for (long c = 0; c < chunks; c++) { /* through a plain array: indexing a vector's lanes would keep the
-                                              * accumulators out of registers */
-            float lanes[2 * LANES];
-            for (long i = 0; i < chunk; i++) lanes[i] = q[j * dim + c * chunk + lane_at(i, wide)] * scale;
-            for (long r = 0; r < parts; r++) {
-                query[j][c * parts + r] = LOAD_F32(lanes + r * LANES);
-                acc[j][c * parts + r] = (vec){0};
-            }
+        for (long v = 0; v < vectors; v++) {
+            query[j][v] = LOAD_F32(q + j * dim + v * LANES) * scale;
+            acc[j][v] = (vec){0};
         }
     }
     for (long first = 0; first < span; first += BLOCK) {
@@ -330,13 +383,9 @@ attend_row(const float *restrict q, const void *restrict keys, const void *restr
                 vec partial[LANES];
                 for (long t = 0; t < LANES; t++) { /* the head's query against each key (unrolled, the library
                                                      * took three times as long to build, no faster) */
+                    const float *key = keys + at[s * LANES + t];
                     vec sums[2] = {(vec){0}, (vec){0}};
-                    for (long c = 0; c < chunks; c++) {
-                        vec part[2];
-                        load_chunk(keys, at[s * LANES + t] + c * chunk, wide, part);
-                        for (long r = 0; r < parts; r++)
-                            sums[(c * parts + r) & 1] += query[j][c * parts + r] * part[r];
-                    }
+                    for (long v = 0; v < vectors; v++) sums[v & 1] += query[j][v] * LOAD_F32(key + v * LANES);
                     partial[t] = sums[0] + sums[1];
                 }
                 *(vec *)(weights + s * LANES) = lanes_summed(partial);
@@ -356,19 +405,16 @@ attend_row(const float *restrict q, const void *restrict keys, const void *restr
             total[j] = total[j] * rescale[0] + hsum(sum);
             top[j] = new_top;
             for (long v = 0; v < vectors; v++) acc[j][v] *= rescale;
-            for (long t = 0; t < count; t++) /* the head's weighted values */
-                for (long c = 0; c < chunks; c++) {
-                    vec part[2];
-                    load_chunk(values, at[t] + c * chunk, wide, part);
-                    for (long r = 0; r < parts; r++) acc[j][c * parts + r] += weights[t] * part[r];
-                }
+            for (long t = 0; t < count; t++) { /* the head's weighted values */
+                const float *value = values + at[t];
+                for (long v = 0; v < vectors; v++) acc[j][v] += weights[t] * LOAD_F32(value + v * LANES);
+            }
         }
     }
     for (long j = 0; j < group; j++)
-        for (long c = 0; c < chunks; c++) {
-            float lanes[2 * LANES];
-            for (long r = 0; r < parts; r++) *(vec *)(lanes + r * LANES) = acc[j][c * parts + r] / total[j];
-            for (long i = 0; i < chunk; i++) out[j * dim + c * chunk + lane_at(i, wide)] = lanes[i];
+        for (long v = 0; v < vectors; v++) {
+            vec result = acc[j][v] / total[j];
+            memcpy(out + j * dim + v * LANES, &result, sizeof result);
         }
 }
 
@@ -399,7 +445,7 @@ void decode_attention_bf16(const float *q, const uint16_t *keys, const uint16_t 
         const long cache = ((slots ? slots[row] : row) * kv_heads + head) * capacity * dim;
         const float *query = q + task * group * dim;
         float *result = out + task * group * dim;
-#define ATTEND(G, D) attend_row(query, keys + cache, values + cache, result, span, span, 0, 0, G, D, scale)
+#define ATTEND(G, D) decode_row(query, keys + cache, values + cache, result, span, G, D, scale)
         BY_SHAPE(ATTEND)
 #undef ATTEND
     }
@@ -429,8 +475,7 @@ long verify_attention_f32(const float *q, const float *keys, const float *values
         const float *query = q + task * group * dim;
         float *result = out + task * group * dim;
 #define ATTEND(G, D)                                                                                            \
-    attend_row(query, keys + head * head_stride, values + head * head_stride, result, span, prefix, own, 1, G, D, \
-               scale)
+    verify_row(query, keys + head * head_stride, values + head * head_stride, result, span, prefix, own, G, D, scale)
         BY_SHAPE(ATTEND)
 #undef ATTEND
     }
