@@ -102,3 +102,32 @@ def test_an_unsure_node_is_kept_but_not_extended():
         assert candidates[i].q >= 0.2
     assert any(c.q < 0.2 and c.depth == 1 for c in candidates)  # token 3 (0.14) was drafted...
     assert all(candidates[i].token != 3 or candidates[i].depth != 1 for i in extended)  # ...and not extended
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("tree", [True, False])
+def test_a_drafter_scoring_a_reduced_vocabulary_grows_the_tree_the_whole_one_would(temperature, tree):
+    """Logits over some ids only (``ids=``, EAGLE-3's draft vocabulary) give the tree, q and draws of the same logits
+    spread over the whole vocabulary with -inf elsewhere: the columns map back to their ids, the kept rows are
+    spread with q = 0 at the missing ids, and a sampled draft draws the same uniforms per id."""
+    ids = torch.tensor([0, 2, 3, 5, 6])  # ids 1, 4 and 7 are outside the draft vocabulary
+    scores = torch.randn(VOCAB, len(ids), generator=torch.Generator().manual_seed(3)) * 2
+
+    def expand_narrow(frontier, candidates):
+        return torch.stack([scores[candidates[i].token] for i in frontier])
+
+    def widened(rows):
+        return torch.full((rows.shape[0], VOCAB), float("-inf")).index_copy_(1, ids, rows)
+
+    budget = DraftBudget(tree=tree, k=3, width=3, depth=3, max_nodes=6)
+    sampling = SamplingConfig(temperature=temperature, top_p=0.9)
+    narrow = grow(scores[0][None], expand_narrow, budget, sampling, torch.Generator().manual_seed(7), VOCAB,
+                  stochastic_tree=True, ids=ids).tree
+    whole = grow(widened(scores[0][None]), lambda f, c: widened(expand_narrow(f, c)), budget, sampling,
+                 torch.Generator().manual_seed(7), VOCAB, stochastic_tree=True).tree
+    assert narrow.tokens == whole.tokens and narrow.parents == whole.parents
+    assert set(narrow.tokens) <= set(ids.tolist())
+    assert narrow.q_token == pytest.approx(whole.q_token)
+    assert narrow.q_dist.shape == (len(narrow.tokens) + 1, VOCAB)
+    torch.testing.assert_close(narrow.q_dist, whole.q_dist)
+    assert float(narrow.q_dist[:, [1, 4, 7]].abs().sum()) == 0.0

@@ -210,7 +210,9 @@ def test_training_time_test_unroll_reproduces_the_drafted_chain(setup, kind):
         states = target.model(torch.tensor([context]), output_hidden_states=True).hidden_states
         feats = torch.cat([states[i][:, : len(context) - 1] for i in head.feature_layers], dim=-1)
         outputs = unroll_steps(head, feats, torch.tensor([sequence[1:]]), steps=3)
-        drafts = [torch.softmax(head.full_logits(out[0, -1]), dim=-1) for out in outputs]
+        ids = head.draft_ids()  # the draft vocabulary's logits spread over the target's, -inf elsewhere
+        logits = [head.logits(out[0, -1]).float() for out in outputs]
+        drafts = [torch.softmax(row if ids is None else head.widen(row, ids, VOCAB), dim=-1) for row in logits]
     for step, q in enumerate(drafts):
         torch.testing.assert_close(q, tree.q_dist[step], atol=1e-5, rtol=1e-4)
         assert int(q.argmax()) == tree.tokens[step]

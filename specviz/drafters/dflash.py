@@ -334,7 +334,7 @@ class DFlashDrafter(BlockDrafter):
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator) -> DraftTree:
         _, logits = self.block(context)
-        q, _ = dynamic_tree.distributions(logits, sampling, self.vocab_size)  # softmax when greedy, else processed
+        q = dynamic_tree.distributions(logits, sampling, self.vocab_size)  # softmax when greedy, else processed
         best = argmax_rows(logits)
         meta = {"block": self._block_meta(best, q[torch.arange(len(best)), best].tolist())}
         if budget.tree:

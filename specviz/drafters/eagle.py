@@ -134,15 +134,6 @@ class EagleHead(DraftNetwork):
         weight = self.borrowed.output.weight
         return weight if self.d2t is None else weight[self.draft_ids()]
 
-    def full_logits(self, out: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
-        """Logits over the whole target vocabulary: ids outside the draft vocabulary get -inf (q = 0)."""
-        vocab_size = vocab_size or self.spec.vocab_size
-        logits = self.logits(out).float()
-        if self.d2t is None and logits.shape[-1] == vocab_size:
-            return logits
-        ids = self.draft_ids() if self.d2t is not None else torch.arange(logits.shape[-1], device=logits.device)
-        return self.widen(logits, ids, vocab_size)
-
     # ---- inference copy -----------------------------------------------------------------------------------------
     def output_rows(self) -> tuple[torch.Tensor, bool]:
         """The head's own rows (packed with its layers) or the target's at the draft ids, gathered once."""
@@ -225,6 +216,10 @@ class EagleDrafter(CommittedRowsDrafter):
         self.head = self.adopt(head, head.spec.vocab_size, vocab_size, pack=pack, draft_quant=draft_quant)
         self.name = name or head.kind
         self.stochastic_tree = stochastic_tree
+        # the target id of each column of the head's logits (None: column c is id c): the tree is grown over the
+        # draft vocabulary and only its kept rows are spread over the target's
+        ids = head.draft_ids()
+        self.draft_ids = None if ids is None else ids.cpu()
         super().__init__(head.feature_layers, head.device, head.dtype)
 
     def describe(self) -> dict:
@@ -261,10 +256,10 @@ class EagleDrafter(CommittedRowsDrafter):
             out = runner(hidden[None], tokens, positions, from_target=False, cache=cache, mask=mask)
             for row, node in enumerate(frontier):
                 output_of[node] = out[0, row]
-            return runner.full_logits(out[0], self.vocab_size)
+            return runner.logits(out[0])
 
-        root = runner.full_logits(last[None], self.vocab_size)
-        grown = dynamic_tree.grow(root, expand, budget, sampling, generator, self.vocab_size, self.stochastic_tree)
+        grown = dynamic_tree.grow(runner.logits(last[None]), expand, budget, sampling, generator, self.vocab_size,
+                                  self.stochastic_tree, ids=self.draft_ids)
         return grown.tree
 
 

@@ -285,7 +285,7 @@ class MedusaDrafter(FeatureDrafter):
             choices = tuple((0,) * d for d in range(1, min(budget.k, heads) + 1))
         if not choices:
             return DraftTree.empty()
-        q, _ = dynamic_tree.distributions(logits, sampling, self.vocab_size)  # [heads, V]
+        q = dynamic_tree.distributions(logits, sampling, self.vocab_size)  # [heads, V]
         widest = 1 + max(max(c) for c in choices)
         ranked = logits.float().cpu().topk(min(widest, logits.shape[-1]), dim=-1).indices.tolist()
         return static_tree(choices, ranked, q, budget.min_draft_prob)
