@@ -256,11 +256,11 @@ static inline vec exp_nonpositive(vec x) {
 #define EVEN(words) ((vec)((words) << 16))
 #define ODD(words) ((vec)((words) & (int32_t)0xFFFF0000))
 
-/* decode_row: one (row, key/value head) of a bfloat16 cache: its `group` query heads against positions 0 .. span - 1, in blocks of LANES
- * positions, each block's keys and then its values read once (two streams read side by side, so neither waits for
- * memory alone). Softmax is online: each block's weights are e^(score - the largest score so far), and what was
- * summed before a larger score arrived is scaled down by e^(old - new largest). Inlined per group and head size, so
- * the query heads' accumulators stay in registers. */
+/* decode_row: one (row, key/value head) of a bfloat16 cache: its `group` query heads against positions 0 .. span - 1,
+ * in blocks of LANES positions, each block's keys and then its values read once (two streams read side by side, so
+ * neither waits for memory alone). Softmax is online: each block's weights are e^(score - the largest score so far),
+ * and what was summed before a larger score arrived is scaled down by e^(old - new largest). Inlined per group and
+ * head size, so the query heads' accumulators stay in registers. */
 static inline __attribute__((always_inline)) void
 decode_row(const float *restrict q, const uint16_t *restrict keys, const uint16_t *restrict values,
            float *restrict out, long span, const long group, const long dim, float scale) {
