@@ -112,6 +112,7 @@ def test_unknown_drafter_and_long_prompt(capsys, model_dirs):
     ("tools.attention_ab", ["--contexts", "100,x"], "--contexts takes comma-separated whole numbers"),
     ("tools.attention_ab", ["--width", "65"], "--width must be at most 64"),
     ("tools.ui_perf", ["--category", "nope"], "--category 'nope' has no example prompt"),
+    ("tools.live_speedup", ["--repeats", "0"], "--repeats must be 1 or more"),
     ("tools.served_cost", ["--url", "http://127.0.0.1:9", "--contexts", "0"], "--contexts takes context lengths"),
     ("tools.served_cost", ["--url", "http://127.0.0.1:9"], "cannot reach the server"),
 ])

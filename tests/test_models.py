@@ -442,3 +442,20 @@ def test_gguf_float_copies_are_keyed_by_content_and_pruned(tmp_path, monkeypatch
         time.sleep(0.01)
     kept = sorted(p for p in (tmp_path / "cache").iterdir())
     assert kept == sorted(written[-gguf_file.KEEP_PER_NAME:]) and all(gguf_file.is_cached(p) for p in kept)
+
+
+def test_a_gguf_float_copy_another_process_finished_first_is_kept(tmp_path):
+    """Two processes converting the same GGUF at once (test workers, a Space's replicas): the second to finish keeps
+    the first one's complete copy, which the first may be reading, instead of replacing it."""
+    import tiny
+    from safetensors.torch import load_file
+
+    from specviz.models import gguf_file
+
+    folder = tmp_path / "cache" / "m-0123"
+    first, second = tiny.model("llama", 64, layers=1, seed=0), tiny.model("llama", 64, layers=1, seed=1)
+    gguf_file.write_cache(first, tiny.tokenizer(64), folder)
+    gguf_file.write_cache(second, tiny.tokenizer(64), folder)
+    kept = load_file(str(folder / "model.safetensors"))
+    assert all(torch.equal(kept[name], value) for name, value in first.state_dict().items() if name in kept)
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["m-0123"]  # no temporary folder left behind

@@ -97,6 +97,12 @@ def bench_panels(repeats: int) -> dict:
 
 def headless(request: runner.RunRequest) -> tuple[float, float, int]:
     """(engine decode tokens/s, generation wall s, tokens): the same engine thread the UI uses, nobody watching."""
+    record, wall = headless_record(request)
+    return record.rate(decode_only=True), wall, record.new_tokens
+
+
+def headless_record(request: runner.RunRequest) -> tuple[RunRecord, float]:
+    """(the run's record, generation wall s): the same engine thread the UI uses, nobody watching."""
     record = RunRecord(header={})
     marks: dict[str, float] = {}
 
@@ -107,8 +113,7 @@ def headless(request: runner.RunRequest) -> tuple[float, float, int]:
             yield event
 
     Producer(record, events).thread.join()
-    wall = time.perf_counter() - marks.get("start", time.perf_counter())
-    return record.rate(decode_only=True), wall, record.new_tokens
+    return record, time.perf_counter() - marks.get("start", time.perf_counter())
 
 
 def free_port() -> int:
@@ -144,21 +149,27 @@ def _args(request: runner.RunRequest) -> list:
     return settings.values_for(request)
 
 
-def streamed_client(client, request: runner.RunRequest) -> tuple[float, float, int, int]:
-    """(engine decode tokens/s, Run→final-update wall s, tokens, updates received) through gradio_client."""
+def streamed_record(client, request: runner.RunRequest) -> tuple[RunRecord, float, int]:
+    """(the run's record, read back from its trace; Run→final-update wall s; updates received) through
+    gradio_client."""
     start = time.perf_counter()
     job = client.submit(*_args(request), api_name="/run")
     outputs = job.result(timeout=600)
     wall = time.perf_counter() - start
-    updates = len(job.outputs())
     download = outputs[-1]
     path = download if isinstance(download, str) else (download or {}).get("value") or download.get("path")
-    record = RunRecord.from_trace(trace.read(path))
+    return RunRecord.from_trace(trace.read(path)), wall, len(job.outputs())
+
+
+def streamed_client(client, request: runner.RunRequest) -> tuple[float, float, int, int]:
+    """(engine decode tokens/s, Run→final-update wall s, tokens, updates received) through gradio_client."""
+    record, wall, updates = streamed_record(client, request)
     return record.rate(decode_only=True), wall, record.new_tokens, updates
 
 
-def streamed_browser(url: str, request: runner.RunRequest, browser) -> tuple[float, float, int]:
-    """(engine decode tokens/s, Run→Done wall s, tokens) with Chromium drawing every update."""
+def streamed_browser(url: str, request: runner.RunRequest, browser) -> tuple[float, float, int, str]:
+    """(engine decode tokens/s, Run→Done wall s, tokens, the speedup panel's text) with Chromium drawing every
+    update."""
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     page.goto(url)
     page.wait_for_selector("#status", timeout=60_000)
@@ -175,7 +186,7 @@ def streamed_browser(url: str, request: runner.RunRequest, browser) -> tuple[flo
     text = page.inner_text("#speedup")
     page.close()
     tps = float(text.split("\n")[0])  # first card: speculative decode tokens/s (engine clock)
-    return tps, wall, request.max_new_tokens
+    return tps, wall, request.max_new_tokens, text
 
 
 def main(argv: list[str] | None = None) -> int:

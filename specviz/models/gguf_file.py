@@ -99,6 +99,9 @@ def write_cache(model, tokenizer, folder: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(str(tmp))
         (tmp / "COMPLETE").write_text("ok\n")
+        if is_cached(folder):  # another process wrote it meanwhile (and may be reading it): keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
