@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 from specviz import api
 from specviz.bench.runners import RunResult, run_specviz
+from specviz.drafters import registry
 from specviz.engine import metrics
 from specviz.errors import SpecvizError, exit_status
 from specviz.ui import runner
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/live_speedup.py", description=__doc__.splitlines()[0])
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--drafter", default=None, help="the target's default drafter unless given")
+    parser.add_argument("--drafter", default=None, help="the page's (the target's default drafter) unless given")
     parser.add_argument("--repeats", type=int, default=3, help="page runs, each followed by the bench's figure")
     parser.add_argument("--served", action="store_true", help="also through the app served in its own process")
     parser.add_argument("--browser", action="store_true", help="and drawn by /usr/bin/chromium (implies --served)")
@@ -94,7 +95,8 @@ def measure(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise SpecvizError("--repeats must be 1 or more")
     fields = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens}
-    request = runner.RunRequest(**fields, **({"drafter": args.drafter} if args.drafter else {})).validate()
+    drafter = args.drafter or registry.default_for(runner.RunRequest(**fields).target)  # what the page opens on
+    request = runner.RunRequest(**fields, drafter=drafter).validate()
     ways = ["headless"] + (["served"] if args.served or args.browser else []) + (["browser"] if args.browser else [])
     server = client = playwright = browser = None
     if "served" in ways:

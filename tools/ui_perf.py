@@ -176,12 +176,18 @@ def streamed_browser(url: str, request: runner.RunRequest, browser) -> tuple[flo
     page.wait_for_function("document.querySelector('#status').innerText.includes('recorded example')",
                            timeout=60_000)
     page.fill("#prompt textarea", request.prompt)
+    page.fill("#drafter input", request.drafter)  # the request's, not the page's default
+    page.press("#drafter input", "Enter")
     page.locator("#shape").get_by_text("tree" if request.tree else "chain", exact=True).click()
+    if not page.locator("#max-new-tokens").is_visible():  # under the Playground's "Advanced", closed at first
+        page.locator("#advanced").get_by_text("Advanced", exact=True).first.click()
     page.fill("#max-new-tokens input[type=number]", str(request.max_new_tokens))
     page.press("#max-new-tokens input[type=number]", "Tab")
     start = time.perf_counter()
     page.click("#run")
-    page.wait_for_function("document.querySelector('#status').innerText.trim().startsWith('Done')", timeout=600_000)
+    status = "document.querySelector('#status .sv-status').innerText.trim()"
+    page.wait_for_function(f"{status}.startsWith('Generating')", timeout=600_000)  # not the last run's "Done"
+    page.wait_for_function(f"{status}.startsWith('Done')", timeout=600_000)
     wall = time.perf_counter() - start
     text = page.inner_text("#speedup")
     page.close()
