@@ -82,3 +82,23 @@ def test_the_store_keeps_what_was_measured_and_remeasures_a_broken_file(tmp_path
     assert timings.remembered("t", key, measure, parse) == 4.5 and len(calls) == 3
     monkeypatch.setenv(timings.RETIME_ENV, "1")
     assert timings.remembered("t", key, measure, parse) == 6.0  # opt-in live re-timing
+    monkeypatch.delenv(timings.RETIME_ENV)
+    assert timings.remembered("t", key, measure, parse) == 6.0 and len(calls) == 4  # the figure it stored
+    monkeypatch.setattr(timings, "code_version", lambda: "other code")  # specviz changed since: its costs may have
+    assert timings.remembered("t", key, measure, parse) == 7.5  # so it measures again
+
+
+def test_the_code_version_follows_the_sources(tmp_path):
+    """A changed, added or renamed Python or C source is another version; other files are not code."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "loop.py").write_text("x = 1\n")
+    versions = [timings.source_digest(tmp_path)]
+    (tmp_path / "notes.md").write_text("not code")
+    assert timings.source_digest(tmp_path) == versions[0]
+    (tmp_path / "engine" / "loop.py").write_text("x = 2\n")
+    versions.append(timings.source_digest(tmp_path))
+    (tmp_path / "kernel.c").write_text("int f(void) { return 0; }\n")
+    versions.append(timings.source_digest(tmp_path))
+    (tmp_path / "engine" / "loop.py").rename(tmp_path / "engine" / "round.py")
+    versions.append(timings.source_digest(tmp_path))
+    assert len(set(versions)) == 4 and timings.machine()["code"] == timings.code_version()

@@ -3,13 +3,15 @@
 ``ngram:auto``, DSpark's schedule and ``hybrid`` choose what to verify by weighing expected tokens against what a
 forward costs here. Timed anew for every run, those costs wobble, and the same seed and settings would give other
 rounds from one run to the next (output stays exact either way). So each cost is measured the first time it is
-needed on a machine, for a given model and setting, stored as JSON under ``~/.cache/specviz/timings`` (or
-``SPECVIZ_TIMINGS_DIR``), and read back by every later run; ``SPECVIZ_RETIME=1`` measures afresh each time (and stores
-the new figures). A store that cannot be read or written is measured around, never an error.
+needed on a machine, for a given model, setting and version of specviz's code, stored as JSON under
+``~/.cache/specviz/timings`` (or ``SPECVIZ_TIMINGS_DIR``), and read back by every later run; ``SPECVIZ_RETIME=1``
+measures afresh each time (and stores the new figures). A store that cannot be read or written is measured around,
+never an error.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,10 +37,26 @@ def store_dir() -> Path:
 
 
 def machine() -> dict:
-    """What makes one machine's timings another's: processor, accelerator, threads and torch."""
+    """What makes one machine's timings another's: processor, accelerator, threads, torch, and specviz's own code."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "gpu": gpu,
-            "threads": torch.get_num_threads(), "torch": torch.__version__}
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "code": code_version()}
+
+
+@functools.cache
+def code_version() -> str:
+    """specviz's own ``source_digest``: a drafter or kernel made faster since a cost was stored would otherwise be
+    weighed at its old cost until ``SPECVIZ_RETIME=1``."""
+    return source_digest(Path(__file__).resolve().parents[1])
+
+
+def source_digest(folder: Path) -> str:
+    """A digest of the Python and C sources under ``folder``, with their paths."""
+    digest = hashlib.sha1()
+    for path in sorted([*folder.rglob("*.py"), *folder.rglob("*.c")]):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def model_key(model: torch.nn.Module) -> dict:
