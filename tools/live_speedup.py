@@ -108,7 +108,7 @@ def measure(args: argparse.Namespace) -> int:
         client = gradio_client.Client(url, verbose=False)
         ui_perf.streamed_record(client, request)  # warm-up: the server loads the model
     if args.browser:
-        playwright, browser = _launch()
+        playwright, browser = ui_perf.launch_chromium()
     rows: list[dict] = []
     try:
         ui_perf.headless_record(request)  # warm-up: load, calibrate
@@ -142,14 +142,6 @@ def measure(args: argparse.Namespace) -> int:
         settings = {**fields, "drafter": request.drafter, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
         args.json.write_text(json.dumps({"settings": settings, "runs": rows}, indent=2))
     return 0
-
-
-def _launch():
-    from playwright.sync_api import sync_playwright
-
-    playwright = sync_playwright().start()
-    return playwright, playwright.chromium.launch(executable_path="/usr/bin/chromium",
-                                                  args=["--headless", "--no-sandbox", "--disable-gpu"])
 
 
 if __name__ == "__main__":

@@ -195,6 +195,15 @@ def streamed_browser(url: str, request: runner.RunRequest, browser) -> tuple[flo
     return tps, wall, request.max_new_tokens, text
 
 
+def launch_chromium():
+    """(Playwright, Debian's headless Chromium): stop the first once the second is closed."""
+    from playwright.sync_api import sync_playwright
+
+    playwright = sync_playwright().start()
+    return playwright, playwright.chromium.launch(executable_path="/usr/bin/chromium",
+                                                  args=["--headless", "--no-sandbox", "--disable-gpu"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/ui_perf.py", description=__doc__.splitlines()[0])
     parser.add_argument("--category", default="summarization", help="Spec-Bench example prompt category")
@@ -231,11 +240,7 @@ def measure(args: argparse.Namespace) -> int:
     streamed_client(client, request)
     browser = None
     if args.browser:
-        from playwright.sync_api import sync_playwright
-
-        playwright = sync_playwright().start()
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
-                                             args=["--headless", "--no-sandbox", "--disable-gpu"])
+        playwright, browser = launch_chromium()
     rows: dict[str, list] = {"headless": [], "client": [], "browser": []}
     for _ in range(args.repeats):
         rows["headless"].append(headless(request))
