@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import torch
 
+from specviz import resources
 from specviz.errors import SpecvizError
 from specviz.models.shared_embedding import fingerprint
 
@@ -47,7 +48,7 @@ def machine() -> dict:
 def code_version() -> str:
     """specviz's own ``source_digest``: a drafter or kernel made faster since a cost was stored would otherwise be
     weighed at its old cost until ``SPECVIZ_RETIME=1``."""
-    return source_digest(Path(__file__).resolve().parents[1])
+    return source_digest(resources.PACKAGE)
 
 
 def source_digest(folder: Path) -> str:
