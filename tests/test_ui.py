@@ -814,3 +814,25 @@ def test_a_lookahead_run_shows_its_window_and_other_runs_hide_it(tiny_targets):
     assert shown["visible"] is True and shown["value"] is not None
     other = run_record(Session(), request(drafter="ngram", max_new_tokens=8))
     assert view.render_round(other, 0)[view.window] == {"__type__": "update", "visible": False}
+
+
+def test_a_frame_of_a_growing_run_shows_one_count_of_rounds():
+    """A live frame is drawn while the engine thread appends rounds: given the count it read, the round picker, the
+    round's summary, the text and the confidence panel all stop there (the text once ran a round ahead of the picker,
+    whose maximum then refused the newest round the text showed)."""
+    import gradio as gr
+
+    from specviz.engine import trace
+    from specviz.resources import EXAMPLES
+    from specviz.ui.views import RunView
+
+    with gr.Blocks():
+        view = RunView.build("count-")
+    record = RunRecord.from_trace(trace.read(EXAMPLES / "traces" / "coding-eagle3-chain.jsonl"))
+    every, count = len(record.rounds), len(record.rounds) - 2
+    assert count >= 3
+    frame = view.render(record, count=count)
+    assert frame[view.round_slider]["maximum"] == count - 1 and frame[view.round_slider]["value"] == count - 1
+    assert f"of {count}" in frame[view.round_info] and frame[view.tokens].count("sv-first") == count
+    whole = view.render(record)
+    assert whole[view.round_slider]["maximum"] == every - 1 and whole[view.tokens].count("sv-first") == every

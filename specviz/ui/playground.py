@@ -103,9 +103,10 @@ class Callbacks:
         yield self.view.render(live.record, status=streaming.live_status(live), running=True)
         for heavy in streaming.watch(live):
             # a round the reader picked stays on show (no caret: the text scrolls to it) while newer ones stream in
-            state.newest_shown = len(live.record.rounds) - 1
+            count = len(live.record.rounds)  # this frame's rounds: the engine thread appends meanwhile
+            state.newest_shown = count - 1
             yield self.view.render(live.record, status=streaming.live_status(live), heavy=heavy,
-                                   running=state.pinned is None, index=state.pinned)
+                                   running=state.pinned is None, index=state.pinned, count=count)
         yield from self._ended(state, live)
 
     def step(self, state: Session, *values):

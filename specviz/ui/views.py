@@ -187,17 +187,19 @@ class RunView:
                          queue=False, show_progress="hidden", api_visibility="private")
 
     def render(self, record: RunRecord | None, *, status: str | None = None, level: str = "info",
-               heavy: bool = True, running: bool = False, index: int | None = None) -> dict:
-        """Updates for every panel (charts, the confidence panel and warnings only when ``heavy``)."""
+               heavy: bool = True, running: bool = False, index: int | None = None, count: int | None = None) -> dict:
+        """Updates for every panel (charts, the confidence panel and warnings only when ``heavy``). ``count``: the
+        rounds to show of a record still growing (default: all it has now), so that the round picker, the tree and the
+        text of one frame agree while the engine thread appends."""
         updates: dict = {}
         if status is not None:
             updates[self.status] = panels.status_html(status, level)
         if record is None:
             return updates
-        count = len(record.rounds)
+        count = len(record.rounds) if count is None else count
         index = count - 1 if index is None else max(0, min(index, count - 1))
         updates[self.round_slider] = gr.update(minimum=0, maximum=max(count - 1, 1), value=max(index, 0), step=1)
-        updates.update(self.render_round(record, index, running=running, confidence=heavy))
+        updates.update(self.render_round(record, index, running=running, confidence=heavy, count=count))
         updates[self.speedup] = panels.speedup_html(record)
         updates[self.metrics] = panels.metrics_html(record)
         if heavy:
@@ -208,21 +210,23 @@ class RunView:
         return updates
 
     def render_round(self, record: RunRecord | None, index: int, *, running: bool = False,
-                     confidence: bool = True) -> dict:
+                     confidence: bool = True, count: int | None = None) -> dict:
         """The tree, round summary and text for round ``index`` (the text highlights that round), and with
-        ``confidence`` the confidence panel (that round's block, the run's calibration)."""
-        if record is None or not record.rounds:
+        ``confidence`` the confidence panel (that round's block, the run's calibration); of the first ``count``
+        rounds (default: all)."""
+        rounds = (record.rounds if count is None else record.rounds[:count]) if record else []
+        if not rounds:
             updates = {self.tree: plot(tree_spec(None)), self.round_info: panels.round_info_html(None),
                        self.tokens: tokens_html(record.prompt_pieces if record else None, [], caret=running),
                        self.window: gr.update(visible=False)}
             index = 0
         else:
-            index = max(0, min(int(index), len(record.rounds) - 1))
-            round_ = record.rounds[index]
+            index = max(0, min(int(index), len(rounds) - 1))
+            round_ = rounds[index]
             updates = {
                 self.tree: plot(tree_spec(round_, root_text=root_text(record, index))),
-                self.round_info: panels.round_info_html(round_, len(record.rounds)),
-                self.tokens: tokens_html(record.prompt_pieces, record.rounds, selected=index, caret=running),
+                self.round_info: panels.round_info_html(round_, len(rounds)),
+                self.tokens: tokens_html(record.prompt_pieces, rounds, selected=index, caret=running),
             }
             window = window_spec(round_)  # lookahead's Jacobi window, where the round has one
             updates[self.window] = gr.update(value=plot(window), visible=True) if window else gr.update(visible=False)
@@ -230,7 +234,7 @@ class RunView:
             drafter = record.header.get("drafter") if record else None
             curve = drafter.get("greedy_curve") if isinstance(drafter, dict) and record.greedy else None
             budget = record.header.get("budget") if record else None
-            updates[self.confidence] = plot(confidence_spec(record.rounds if record else [], index, curve, budget))
+            updates[self.confidence] = plot(confidence_spec(rounds, index, curve, budget))
         return updates
 
     @staticmethod
