@@ -41,7 +41,8 @@ def run(spec: TestRun, out: Path) -> dict:
     if not TESTS.is_dir():
         return {**result, "status": "skipped", "seconds": 0.0, "tail": f"no tests folder at {TESTS}"}
     report = out / f"pytest-{spec.name}.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+    # ``-o addopts=``: the project's own (two xdist workers) would override ``workers`` and need xdist installed
+    command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
                *(str(TESTS / target) for target in spec.targets)]
     if spec.select:
         command += ["-k", spec.select]
