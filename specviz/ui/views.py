@@ -214,7 +214,7 @@ class RunView:
         """The tree, round summary and text for round ``index`` (the text highlights that round), and with
         ``confidence`` the confidence panel (that round's block, the run's calibration); of the first ``count``
         rounds (default: all)."""
-        rounds = (record.rounds if count is None else record.rounds[:count]) if record else []
+        rounds = (record.rounds if count is None else record.rounds[:count]) if record is not None else []
         if not rounds:
             updates = {self.tree: plot(tree_spec(None)), self.round_info: panels.round_info_html(None),
                        self.tokens: tokens_html(record.prompt_pieces if record else None, [], caret=running),
