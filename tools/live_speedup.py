@@ -28,7 +28,6 @@ from specviz.drafters import registry
 from specviz.engine import metrics
 from specviz.errors import SpecvizError, exit_status
 from specviz.ui import runner
-from specviz.viz.record import RunRecord
 from tools import ui_perf
 
 DEFAULT_PROMPT = "Name three colours of the rainbow."
@@ -61,20 +60,11 @@ def _decode_rate(run: RunResult) -> float:
     return run.new_tokens / sum(r.total_ms for r in run.rounds) * 1e3
 
 
-def stated(record: RunRecord) -> tuple[float, float, float]:
-    """(speedup, low, high) as the page states them for ``record``."""
-    found = STATED.search(record.speedup_text())
-    if found is None:
-        raise SpecvizError(f"the run states no interval: {record.speedup_text()!r}")
-    return tuple(float(value) for value in found.groups())
-
-
-def browser_stated(url: str, request: runner.RunRequest, browser) -> tuple[float, float, float]:
-    """(speedup, low, high) as Chromium shows them after a run of ``request``."""
-    text = ui_perf.streamed_browser(url, request, browser)[3]
+def stated(text: str) -> tuple[float, float, float]:
+    """(speedup, low, high) from the page's speedup text (``RunRecord.speedup_text``, or the panel Chromium shows)."""
     found = STATED.search(text)
     if found is None:
-        raise SpecvizError(f"the page states no interval: {text!r}")
+        raise SpecvizError(f"the run states no interval: {text!r}")
     return tuple(float(value) for value in found.groups())
 
 
@@ -115,11 +105,11 @@ def measure(args: argparse.Namespace) -> int:
         for repeat in range(args.repeats):
             for way in ways:
                 if way == "headless":
-                    speedup, low, high = stated(ui_perf.headless_record(request)[0])
+                    speedup, low, high = stated(ui_perf.headless_record(request)[0].speedup_text())
                 elif way == "served":
-                    speedup, low, high = stated(ui_perf.streamed_record(client, request)[0])
+                    speedup, low, high = stated(ui_perf.streamed_record(client, request)[0].speedup_text())
                 else:
-                    speedup, low, high = browser_stated(url, request, browser)
+                    speedup, low, high = stated(ui_perf.streamed_browser(url, request, browser)[3])
                 bench, decode = bench_speedup(request)
                 inside = low - 0.005 <= bench <= high + 0.005  # the page rounds to two decimals
                 rows.append({"repeat": repeat, "way": way, "speedup": speedup, "low": low, "high": high,
