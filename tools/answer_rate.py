@@ -13,7 +13,9 @@ relabels the answers (and gives the hidden-state families their features, ``spec
 step) over the same sequences, through the fast forward on the engine's declared kernel (thin where it builds) and on
 torch's (the data stages run the faster of the two), against the float32 floor. ``--kernel-only`` runs only what
 ``specviz data`` and ``train`` run: the decoder in the dtype ``--gen-dtype auto`` chooses here (bfloat16 with the
-kernel, or float32 where bfloat16 is emulated), then the feature passes. Run it on a quiet machine.
+kernel, or float32 where bfloat16 is emulated), then the feature passes. ``--temperature T`` samples the slot
+decoder's answers at T instead (each prompt from its own generator, as ``--sampled-answers`` and ``--self-prompts``
+sample). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def main() -> None:
     parser.add_argument("--skip-padded", action="store_true", help="leave out the padded batches (the slowest)")
     parser.add_argument("--kernel-only", action="store_true",
                         help="only the decoder specviz data runs here (--gen-dtype auto), then the feature passes")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample the slot decoder's answers at this temperature (0: greedy)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(args.target)
@@ -81,8 +85,10 @@ def main() -> None:
     for dtype, kernel in ways:
         start = time.perf_counter()
         decoder = SlotDecoder(model, slots=128, dtype=dtype, attention_kernel=kernel)
-        decoded[dtype, kernel] = decoder.answer(prompts, max_new_tokens=args.gen_tokens, eos=eos)
-        report(f"slot decoder, 128 slots, {str(dtype).removeprefix('torch.')}", dtype,
+        decoded[dtype, kernel] = decoder.answer(prompts, max_new_tokens=args.gen_tokens, eos=eos,
+                                                temperature=args.temperature)
+        sampled = f", sampled at {args.temperature:g}" if args.temperature else ""
+        report(f"slot decoder, 128 slots, {str(dtype).removeprefix('torch.')}{sampled}", dtype,
                [a.ids for a in decoded[dtype, kernel]], time.perf_counter() - start)
         print(f"  attention: {decoder.describe_attention()}")
     sequences = [p + a.ids for p, a in zip(prompts, decoded[ways[-1]])]
