@@ -9,7 +9,7 @@ from specviz.engine import metrics
 from specviz.engine.drafter import DraftBudget
 from specviz.engine.loop import GenerationConfig, plain_decode
 from specviz.engine.round import Round
-from specviz.engine.sampling import SamplingConfig, make_generator, probabilities
+from specviz.engine.sampling import SamplingConfig, draw, make_generator, probabilities, sample
 from specviz.engine.tree import DraftTree
 
 
@@ -41,6 +41,28 @@ def test_sampler_top_k_top_p_and_greedy():
     hot = probabilities(logits, SamplingConfig(temperature=2.0))
     assert hot[0] < torch.softmax(logits, -1)[0]
 
+
+
+def test_draw_is_multinomial_token_for_token():
+    """The cheaper draw gives multinomial's tokens and leaves the generator where multinomial leaves it, over a
+    spread of peaked and flat rows (one shared generator for a batch, as the padded answer batches use)."""
+    logits = torch.randn(64, 49152, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.5, 8, 64)[:, None]
+    probs = torch.softmax(logits, -1)
+    ours, theirs = make_generator(7), make_generator(7)
+    tokens = [sample(row, ours) for row in probs]
+    assert tokens == [int(torch.multinomial(row, 1, generator=theirs)) for row in probs]
+    assert torch.equal(draw(probs, ours), torch.multinomial(probs, 1, generator=theirs).flatten())
+    assert torch.equal(ours.get_state(), theirs.get_state())
+    per_row = [make_generator(seed) for seed in range(len(probs))]
+    assert draw(probs, per_row).tolist() == [int(torch.multinomial(row, 1, generator=make_generator(seed)))
+                                             for seed, row in enumerate(probs)]
+    assert len(set(tokens)) > 32  # the flat rows really sample
+
+
+@pytest.mark.parametrize("probs", [torch.zeros(5), torch.tensor([0.5, -0.1, 0.6]), torch.tensor([float("nan"), 1.0])])
+def test_draw_refuses_what_is_not_a_distribution(probs):
+    with pytest.raises(ValueError, match="invalid distribution"):
+        sample(probs, make_generator(0))
 
 def _round(index, start, tokens, parents, accepted, committed_extra=1):
     committed = [tokens[i] for i in accepted] + [99][:committed_extra]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
+from specviz.engine import sampling
 from specviz.errors import SpecvizError
 from specviz.training import slot_decoder
 from specviz.training.features import FeatureSet, extract_features
@@ -71,7 +72,7 @@ def greedy_batch(model, prompts: list[list[int]], *, max_new_tokens: int, eos: s
         top_p, top_i = probs.topk(topk, dim=-1)
         if temperature > 0:
             scaled = torch.softmax(logits.float() / temperature, dim=-1)
-            nxt = torch.multinomial(scaled.cpu(), 1, generator=generator).flatten().to(device)
+            nxt = sampling.draw(scaled, generator).to(device)
         else:
             nxt = top_i[:, 0]
         done = torch.isin(nxt, eos_t)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from specviz.engine import sampling
 from specviz.models import decode_attention
 
 #: model types whose decoder layers compute exactly what ``_layer`` below computes
@@ -252,16 +253,16 @@ class SlotDecoder:
         def record(slots: list[int], logits: torch.Tensor) -> None:
             """Take the next token of each of ``slots``' answers from its row of ``logits``; free the slots whose
             answers end."""
-            top_p, top_i = torch.softmax(logits.float(), dim=-1).topk(topk, dim=-1)
+            probs = torch.softmax(logits.float(), dim=-1)
+            top_p, top_i = probs.topk(topk, dim=-1)
             top_p, top_i = top_p.cpu(), top_i.cpu()
-            scaled = torch.softmax(logits.float() / temperature, dim=-1).cpu() if generators else None
+            if generators:
+                scaled = probs if temperature == 1.0 else torch.softmax(logits.float() / temperature, dim=-1)
+                drawn = sampling.draw(scaled, [generators[owner[slot]] for slot in slots]).tolist()
             for row, slot in enumerate(slots):
                 index = owner[slot]
                 answer = answers[index]
-                if scaled is not None:
-                    token = int(torch.multinomial(scaled[row], 1, generator=generators[index]))
-                else:
-                    token = int(top_i[row, 0])
+                token = drawn[row] if generators else int(top_i[row, 0])
                 answer.ids.append(token)
                 answer.top_ids.append(top_i[row])
                 answer.top_probs.append(top_p[row])
