@@ -60,8 +60,8 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None | Sequence[torch.Generator]) -> torch.Tensor:
     """One token id per distribution along the last dim: ``torch.multinomial(probs, 1, generator=generator)`` token
-    for token, and cheaper on CPU (docs/bench-log/notes.md); with a sequence of generators, row ``i`` of a 2-D ``probs`` is
-    ``torch.multinomial(probs[i], 1, generator=generator[i])``.
+    for token, and cheaper on CPU (docs/bench-log/notes.md); with a sequence of generators, row ``i`` of a 2-D
+    ``probs`` is ``torch.multinomial(probs[i], 1, generator=generator[i])``.
 
     For one sample, multinomial takes argmax(p / q) over q ~ Exp(1) from ``Tensor.exponential_``, whose CPU kernel
     turns one float64 uniform at a time into -log1p(-u) and rounds it to float32; the same uniforms drawn as one
