@@ -42,7 +42,6 @@ def test_sampler_top_k_top_p_and_greedy():
     assert hot[0] < torch.softmax(logits, -1)[0]
 
 
-
 def test_draw_is_multinomial_token_for_token():
     """The cheaper draw gives multinomial's tokens and leaves the generator where multinomial leaves it, over a
     spread of peaked and flat rows (one shared generator for a batch, as the padded answer batches use)."""
@@ -63,6 +62,7 @@ def test_draw_is_multinomial_token_for_token():
 def test_draw_refuses_what_is_not_a_distribution(probs):
     with pytest.raises(ValueError, match="invalid distribution"):
         sample(probs, make_generator(0))
+
 
 def _round(index, start, tokens, parents, accepted, committed_extra=1):
     committed = [tokens[i] for i in accepted] + [99][:committed_extra]
