@@ -10,6 +10,7 @@ from test_sampling_lossless import PASS_P, Table, V, chi_square_p
 from specviz.drafters import head_parts, quantized
 from specviz.drafters.dflash import DFlashDrafter, DSparkDrafter, new_model
 from specviz.drafters.eagle import EagleDrafter, new_head
+from specviz.drafters.head_layer import Attention, GatedMLP
 from specviz.drafters.medusa import MedusaDrafter, new_heads
 from specviz.drafters.mtp import MtpDrafter, new_stack
 from specviz.drafters.quantized import resolve_draft_quant
@@ -73,11 +74,38 @@ def test_int8_reaches_the_heads_own_layers_only_through_the_thin_kernel(setup, f
     drafter = BUILDERS[family](target.model, draft_quant="int8")
     trainable = {id(p) for p in drafter_module(drafter).parameters()}
     own = [m.weight for m in drafter_module(drafter).modules() if isinstance(m, torch.nn.Linear)]
-    assert own and [id(w) for w in packed] == [id(w) for w in own] and all(id(w) in trainable for w in packed)
+    stacks = [w for w in packed if id(w) not in trainable]  # sibling projections stacked into one product
+    assert own and [id(w) for w in packed if id(w) in trainable] == [id(w) for w in own]
+    assert len(stacks) == sum(hasattr(m, "stack_projections") for m in drafter_module(drafter).modules())
     packed.clear()
     monkeypatch.setattr(thin_kernel, "load", lambda: None)
     BUILDERS[family](target.model, draft_quant="int8")
     assert packed == []
+
+
+@pytest.mark.parametrize("quant", ["off", "int8"])
+@pytest.mark.parametrize("family", [f for f in BUILDERS if f != "medusa"])
+def test_stacked_projections_give_each_projection_its_own_product(setup, family, quant):
+    """The drafting copy runs attention's q/k/v and the MLP's gate/up as one product each: every column is what its
+    own projection gives, bit for bit (per-output int8 scales, per-output sums), so drafts cannot move."""
+    if thin_kernel.load() is None:
+        pytest.skip(f"thin kernel unavailable: {thin_kernel.unavailable_reason()}")
+    target, _ = setup
+    runner = BUILDERS[family](target.model, draft_quant=quant).runner
+    attentions = [m for m in runner.modules() if isinstance(m, Attention)]
+    mlps = [m for m in runner.modules() if isinstance(m, GatedMLP)]
+    assert attentions and mlps and all(m.qkv is not None for m in attentions) and all(m.gate_up for m in mlps)
+    with torch.inference_mode():
+        for attention in attentions:
+            x = torch.randn(3, attention.q_proj.weight.shape[1])
+            separate = (attention.q_proj(x), attention.k_proj(x), attention.v_proj(x))
+            assert all(torch.equal(a, b) for a, b in zip(attention.project(x, x), separate, strict=True))
+        for mlp in mlps:
+            x = torch.randn(3, mlp.gate_proj.weight.shape[1])
+            stacked = mlp(x)
+            mlp.gate_up, gate_up = None, mlp.gate_up
+            assert torch.equal(stacked, mlp(x))
+            mlp.gate_up = gate_up
 
 
 def drafter_module(drafter) -> torch.nn.Module:

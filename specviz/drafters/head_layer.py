@@ -21,6 +21,8 @@ frequencies and the output projection an inference copy swaps in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,6 +51,19 @@ class Attention(nn.Module):
         if qk_norm:
             self.q_norm = nn.RMSNorm(head_dim, eps=eps)
             self.k_norm = nn.RMSNorm(head_dim, eps=eps)
+        self.qkv = None  # an inference copy's q/k/v as one product (``stack_projections``)
+
+    def stack_projections(self, linear: Callable) -> None:
+        """Run q/k/v as one product of their stacked rows through ``linear`` (an inference copy's packing): one
+        pass over one weight instead of three kernel calls, each output the same sum it was."""
+        self.qkv = stacked(linear, self.q_proj, self.k_proj, self.v_proj)
+        self.widths = (self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features)
+
+    def project(self, x: torch.Tensor, keyed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries of ``x``, keys and values of ``keyed`` (``x`` itself, or context rows before it)."""
+        if self.qkv is not None and keyed is x:
+            return self.qkv(x).split(self.widths, dim=-1)
+        return self.q_proj(x), self.k_proj(keyed), self.v_proj(keyed)
 
 
 class GatedMLP(nn.Module):
@@ -59,9 +74,24 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up = None  # an inference copy's gate and up as one product (``stack_projections``)
+
+    def stack_projections(self, linear: Callable) -> None:
+        """Run gate and up as one product of their stacked rows (see ``Attention.stack_projections``)."""
+        self.gate_up = stacked(linear, self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = (self.gate_proj(x), self.up_proj(x)) if self.gate_up is None else self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def stacked(linear: Callable, *projections: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``linear`` over the rows of ``projections`` stacked (biases too, where they have them): their outputs side by
+    side. Per-output int8 scales and the kernel's per-output sums make each column what its own product gives."""
+    weight = torch.cat([p.weight.detach() for p in projections])
+    biases = [p.bias for p in projections]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    return linear(weight, bias)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -116,9 +146,10 @@ class DecoderLayer(nn.Module):
         bottom right (``causal``) or everything visible."""
         attn, (batch, length, _) = self.self_attn, x.shape
         keyed = x if context is None else torch.cat([context, x], dim=1)
-        q = attn.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
-        k = attn.k_proj(keyed).view(batch, -1, self.num_kv_heads, self.head_dim)
-        v = attn.v_proj(keyed).view(batch, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = attn.project(x, keyed)
+        q = q.view(batch, length, self.num_heads, self.head_dim)
+        k = k.view(batch, -1, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if self.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = rotation

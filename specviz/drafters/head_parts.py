@@ -73,8 +73,9 @@ def inference_copy(module: M, weight: torch.Tensor, rows: torch.Tensor | None, d
     pre-packed kernels where they run (``fast_forward.packed_linear``; ``weight``, one of its own, says the device and
     dtype), in int8 with ``draft_quant="int8"`` where the thin kernel runs (``int8_layer``), and
     ``_output_op`` over the output ``rows`` (``output_projection``; ``rows_packed``: the copy already runs them
-    packed). ``draft_quant="auto"`` is resolved for the rows it would quantise (``weight`` when there are none);
-    the copy's ``draft_quant`` says what it drafts with."""
+    packed). Modules with ``stack_projections`` (attention's q/k/v, the MLP's gate/up) get their siblings stacked
+    into one product. ``draft_quant="auto"`` is resolved for the rows it would quantise (``weight`` when there are
+    none); the copy's ``draft_quant`` says what it drafts with."""
     quantised = rows if rows is not None else weight
     draft_quant = resolve_draft_quant(draft_quant, quantised.device, quantised.dtype)
     packs = fast_forward.available(str(weight.device), weight.dtype)
@@ -85,6 +86,9 @@ def inference_copy(module: M, weight: torch.Tensor, rows: torch.Tensor | None, d
     else:
         linear = fast_forward.packed_linear if packs else plain_linear
     fast = shallow_copy(module, linear)
+    for part in fast.modules():  # sibling projections that read one input: one product (``head_layer``)
+        if hasattr(part, "stack_projections"):
+            part.stack_projections(linear)
     fast.draft_quant = draft_quant
     if rows is not None:
         fast._output_op = output_projection(rows, draft_quant, packed=rows_packed or not packs)
