@@ -179,6 +179,18 @@ def test_a_draft_beyond_its_budget_is_refused(target):
     assert "greedy-drafter proposed 3 nodes 3 deep, beyond its budget (chain k=2)" in one_line(error)
 
 
+def test_a_chain_may_use_a_tree_budgets_nodes_but_not_the_tokens_left():
+    """Under a tree budget the depth shapes trees; one chain may hold the whole node budget (its verify costs what the
+    tree's does), never more, and never more than the tokens still to generate."""
+    budget = DraftBudget(tree=True, width=2, depth=2, max_nodes=5)
+    budget.check_fits(api.DraftTree.chain([1] * 5), "lookup")
+    for tree, capped in ((api.DraftTree.chain([1] * 6), budget), (api.DraftTree.chain([1] * 4), budget.capped(3)),
+                         (api.DraftTree(tokens=[1, 2, 3, 4], parents=[-1, -1, 0, 2]), budget)):
+        with pytest.raises(SpecvizError, match="beyond its budget"):
+            capped.check_fits(tree, "lookup")
+    assert budget.capped(3) == budget.capped(30) == budget and budget.capped(3).longest_chain == 3
+
+
 @pytest.mark.parametrize("spec, says", [
     ("eagle3:someone/no-such-head", "hub is offline"),
     ("dspark:fixed:someone/no-such-block", "hub is offline"),

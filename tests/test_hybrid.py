@@ -71,10 +71,24 @@ def test_greedy_output_is_plain_decoding_and_both_drafters_propose(setup, forwar
     sources = [r.meta["source"] for r in run.rounds]
     assert "lookup" in sources and "eagle3" in sources
     lookup_rounds = [r for r in run.rounds if r.meta["source"] == "lookup"]
-    assert all(r.tokens and r.meta["match"] and len(r.tokens) <= budget.max_depth for r in lookup_rounds)
+    assert all(r.tokens and r.meta["match"] and len(r.tokens) <= budget.longest_chain for r in lookup_rounds)
     assert all(r.meta["node_labels"] == [LOOKUP_LABEL] * len(r.tokens) for r in lookup_rounds)
     assert all(len(r.tokens) <= (budget.max_nodes if budget.tree else budget.k) for r in run.rounds)
     assert any(r.accepted for r in lookup_rounds)  # accepted model rounds: test_greedy_lossless (self-drafting)
+
+
+def test_under_a_tree_budget_the_lookup_chain_may_fill_the_node_budget(setup):
+    """The tree's depth shapes the model's trees; the lookup's one chain may hold every node the budget allows (a
+    flat verify cost: each longer prefix pays), and the output stays plain decoding's."""
+    targets, head = setup
+    target, budget = targets["fast"], DraftBudget(tree=True, width=2, depth=1, max_nodes=4)
+    drafter = hybrid(head, target, CostCurve.flat("flat"))
+    config = GenerationConfig(max_new_tokens=48)
+    run = generate(target, REPEATING, config, drafter, budget)
+    assert run.token_ids == plain_decode(target, REPEATING, config).token_ids
+    lookup_rounds = [r for r in run.rounds if r.meta["source"] == "lookup"]
+    assert lookup_rounds and all(r.is_chain for r in lookup_rounds)
+    assert max(len(r.tokens) for r in lookup_rounds) == budget.max_nodes > budget.depth
 
 
 def test_the_model_catches_up_after_rounds_it_sat_out(setup):

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from specviz import settings
 from specviz.drafters import registry
 from specviz.drafters.ngram import SCHEDULE_WIDEST, NgramDrafter
 from specviz.drafters.registry import DrafterFamily, register
@@ -49,6 +50,8 @@ NAME = "hybrid"
 LOOKUP_LABEL = "lookup"
 #: The model drafter a bare ``hybrid`` pairs with the lookup: the best model drafter measured (BENCHMARKS.md).
 DEFAULT_PARTNER = "eagle3"
+#: The longest chain the lookup drafts under a tree budget (the chain length's own ceiling)
+LONGEST_LOOKUP = settings.get("k").high
 #: Families that cannot be the model side: the lookup is already there.
 NOT_PARTNERS = ("ngram", NAME)
 #: The throwaway generation that times a model round's drafting once per machine and budget (``stored_draft_cost``)
@@ -74,8 +77,9 @@ class RoundRate:
 class HybridDrafter(Drafter):
     """``lookup`` (an ``NgramDrafter`` with a schedule) proposes when a prefix of its match pays, else ``model``.
 
-    The lookup drafts a chain of up to k tokens (under ``--tree``: up to min(depth, node budget)); the model drafter
-    gets the budget as it is. ``source`` is who proposed the last round (``"lookup"`` or the model's name);
+    The lookup drafts a chain of up to k tokens (under ``--tree``: up to the node budget, which verifies a chain of
+    that many for what it verifies the tree for; the depth shapes the model's trees); the model drafter gets the
+    budget as it is. ``source`` is who proposed the last round (``"lookup"`` or the model's name);
     ``model_rate`` what the model's rounds committed per ms so far, each costing ``draft_cost(budget)`` ms of drafting
     (a fixed figure per budget: ``stored_draft_cost``; default 0) plus the verify-cost curve's width.
     """
@@ -116,7 +120,7 @@ class HybridDrafter(Drafter):
 
     def propose(self, context: list[int], budget: DraftBudget, sampling: SamplingConfig,
                 generator: torch.Generator) -> DraftTree:
-        chain = replace(budget, tree=False, k=min(budget.depth, budget.max_nodes)) if budget.tree else budget
+        chain = replace(budget, tree=False, k=min(budget.longest_chain, LONGEST_LOOKUP)) if budget.tree else budget
         self.lookup.fallback = (self.model_rate.value, f"{self.model.name}'s rounds so far")
         tree = self.lookup.propose(context, chain, sampling, generator)
         if tree.tokens:

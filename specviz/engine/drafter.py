@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +36,8 @@ class DraftBudget:
     depth: int = _SETTINGS["depth"].default
     max_nodes: int = _SETTINGS["max_nodes"].default
     min_draft_prob: float = _SETTINGS["min_draft_prob"].default
+    #: the tokens still to generate, where the engine capped the budget to them (``capped``); not a setting
+    left: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:  # the ranges the settings declare, for API callers who bypass them
         for name in (*LIMITS, "min_draft_prob"):
@@ -51,6 +53,12 @@ class DraftBudget:
         return self.max_nodes if self.tree else self.k
 
     @property
+    def longest_chain(self) -> int:
+        """The most nodes one chain may hold: ``widest``, since a chain of n costs the verify what any n nodes do
+        (``depth`` bounds how deep a drafter grows a tree, not a single chain), and never past the tokens left."""
+        return self.widest if self.left is None else min(self.widest, self.left)
+
+    @property
     def draft_room(self) -> int:
         """KV positions a drafter's own cache may need in one round beyond the committed text: a dynamic tree feeds
         every frontier node it expands (up to width per level, depth levels; more than the node budget keeps)."""
@@ -60,14 +68,14 @@ class DraftBudget:
         """One line when ``drafter`` proposed more, or deeper, than this budget: the verify forward's positions and the
         target's cache are sized by it."""
         deepest = max(tree.depth, default=0)
-        if len(tree) > self.widest or deepest > self.max_depth:
+        if len(tree) > self.widest or deepest > (self.longest_chain if tree.is_chain else self.max_depth):
             raise SpecvizError(f"drafter {drafter} proposed {len(tree)} nodes {deepest} deep, beyond its budget "
                                f"({self.describe()})")
 
     def capped(self, remaining: int) -> DraftBudget:
         """Never draft deeper than the tokens still to generate."""
         remaining = max(1, remaining)
-        return replace(self, k=min(self.k, remaining), depth=min(self.depth, remaining))
+        return replace(self, k=min(self.k, remaining), depth=min(self.depth, remaining), left=remaining)
 
     def describe(self) -> str:
         shape = f"tree w={self.width} d={self.depth} n<={self.max_nodes}" if self.tree else f"chain k={self.k}"
