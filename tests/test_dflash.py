@@ -115,7 +115,7 @@ def setup():
 def make_drafter(case: str, model: DFlashBackbone, pack: bool = True):
     if case == "dspark-scheduled":
         return DSparkDrafter(model, VOCAB, cost_curve=STEEP, pack=pack)
-    if case in ("dspark-all", "dspark-tree"):
+    if case in ("dspark-all", "dspark-tree", "dspark-shallow-tree"):
         return DSparkDrafter(model, VOCAB, schedule=False, pack=pack)
     if case == "dspark-raw":
         return DSparkDrafter(model, VOCAB, cost_curve=STEEP, pack=pack, calibrate=False)
@@ -125,7 +125,9 @@ def make_drafter(case: str, model: DFlashBackbone, pack: bool = True):
 CASES = {"dflash-chain": DraftBudget(k=5), "dflash-ddtree": DraftBudget(tree=True, width=3, depth=5, max_nodes=12),
          "dspark-scheduled": DraftBudget(k=7), "dspark-all": DraftBudget(k=5), "dspark-raw": DraftBudget(k=7),
          # a tree budget deeper than its node budget: DSpark's chain keeps to the node budget
-         "dspark-tree": DraftBudget(tree=True, width=3, depth=6, max_nodes=4)}
+         "dspark-tree": DraftBudget(tree=True, width=3, depth=6, max_nodes=4),
+         # shallower: its one chain may still fill the node budget (the depth shapes trees)
+         "dspark-shallow-tree": DraftBudget(tree=True, width=2, depth=1, max_nodes=4)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -147,6 +149,8 @@ def test_greedy_matches_plain(setup, forward, case):
         _check_the_calibration(run, drafter)
     if case == "dflash-ddtree":
         assert any(not _is_chain(r.parents) for r in run.rounds)
+    if case == "dspark-shallow-tree":
+        assert max(len(r.tokens) for r in run.rounds) == budget.max_nodes > budget.depth
 
 
 def _check_the_calibration(run: Generation, drafter: DSparkDrafter) -> None:

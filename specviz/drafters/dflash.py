@@ -360,8 +360,8 @@ class DSparkDrafter(BlockDrafter):
 
     ``schedule``: cut each round's chain at the length the confidence schedule chooses (False: verify every draft
     the budget allows). ``cost_curve``: the target's verify cost per width (``CostCurve``; None: flat, which keeps
-    every draft with a positive survival). Under ``--tree`` it still drafts a chain, of up to ``depth`` tokens and no
-    more than the node budget (DDTree is DFlash's).
+    every draft with a positive survival). Under ``--tree`` it still drafts a chain, which may fill the node budget
+    (``DraftBudget.longest_chain``; DDTree is DFlash's).
     """
 
     kind = "dspark"
@@ -406,7 +406,7 @@ class DSparkDrafter(BlockDrafter):
             # the shipped curve fits greedy verification only, and begin() does not know the run's rule yet
             self.calibration.prior = self.greedy_prior
         hidden, base = self.block(context)
-        cap = min(budget.max_depth, budget.widest, self.spec.drafts)
+        cap = min(budget.longest_chain, self.spec.drafts)
         scan = cost_curve.PrefixScan(self.cost_curve, cap) if self.schedule else None
         tokens, rows, raw, estimates = self._draft(context[-1], hidden, base, cap, sampling, generator, scan)
         q_token = [float(rows[i, t]) for i, t in enumerate(tokens)]
